@@ -1,0 +1,1 @@
+//! rocectl conformance layer.

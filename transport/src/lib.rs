@@ -1,0 +1,1 @@
+//! rocectl transport layer.

@@ -81,6 +81,8 @@ pub mod packet;
 #[cfg(feature = "std")]
 pub mod pcap;
 pub mod reth;
+#[cfg(feature = "alloc")]
+pub mod samples;
 
 pub use error::{ParseError, Result};
 pub use frame::{Frame, FrameRepr};

@@ -26,7 +26,11 @@ fn every_captured_frame_parses_verifies_and_reemits_exactly() {
         .filter(|p| p.extension().is_some_and(|x| x == "pcap" || x == "pcapng"))
         .collect();
     files.sort();
-    assert!(files.len() >= 16, "expected the 16 rxe captures, found {}", files.len());
+    assert!(
+        files.len() >= 16,
+        "expected the 16 rxe captures, found {}",
+        files.len()
+    );
 
     let caps = Caps::default();
     let mut per_opcode: BTreeMap<String, usize> = BTreeMap::new();
@@ -45,7 +49,9 @@ fn every_captured_frame_parses_verifies_and_reemits_exactly() {
             roce_here += 1;
             assert!(icrc::verify(frame.ip_packet), "{what}: ICRC");
             let packet = frame.packet().unwrap_or_else(|e| panic!("{what}: {e}"));
-            packet.check().unwrap_or_else(|e| panic!("{what}: inconsistent parse: {e}"));
+            packet
+                .check()
+                .unwrap_or_else(|e| panic!("{what}: inconsistent parse: {e}"));
             *per_opcode.entry(packet.opcode().to_string()).or_default() += 1;
 
             // Emit what was parsed and compare with the captured bytes (up to the end of the IP
@@ -53,7 +59,11 @@ fn every_captured_frame_parses_verifies_and_reemits_exactly() {
             let mut out = vec![0u8; frame.repr.buffer_len(&packet)];
             frame.repr.emit(&packet, &mut out, &caps);
             let l2 = out.len() - frame.ip_packet.len();
-            assert_eq!(out[..], cf.data[..l2 + frame.ip_packet.len()], "{what}: re-emit differs");
+            assert_eq!(
+                out[..],
+                cf.data[..l2 + frame.ip_packet.len()],
+                "{what}: re-emit differs"
+            );
             // And the re-emitted frame parses to the same thing.
             let again = Frame::parse_ethernet(&out, &caps).unwrap();
             assert_eq!(again.packet().unwrap(), packet, "{what}");
@@ -61,7 +71,10 @@ fn every_captured_frame_parses_verifies_and_reemits_exactly() {
         assert!(roce_here > 0, "{}: no RoCEv2 frame", path.display());
         total += roce_here;
     }
-    eprintln!("{total} RoCEv2 frames in {} captures: {per_opcode:?}", files.len());
+    eprintln!(
+        "{total} RoCEv2 frames in {} captures: {per_opcode:?}",
+        files.len()
+    );
     // The RoCEv2 column of shared/captures/SUMMARY.md sums to 685 frames.
     assert_eq!(total, 685);
     for op in [

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -69,18 +69,34 @@ pub(crate) fn run(cmd: PcapCommand) -> Result<ExitCode> {
     Ok(code)
 }
 
+/// The first four bytes of the capture formats [`read_capture`] reads: pcap (micro- and
+/// nanosecond, either byte order) and pcapng.
+const MAGICS: [[u8; 4]; 5] = [
+    [0xD4, 0xC3, 0xB2, 0xA1],
+    [0xA1, 0xB2, 0xC3, 0xD4],
+    [0x4D, 0x3C, 0xB2, 0xA1],
+    [0xA1, 0xB2, 0x3C, 0x4D],
+    [0x0A, 0x0D, 0x0D, 0x0A],
+];
+
 /// Reads a whole capture, with errors that name the file and say what went wrong.
 fn load(path: &Path) -> Result<Vec<CapturedFrame>> {
-    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    read_capture(BufReader::new(file)).map_err(|e| {
-        if e.kind() == io::ErrorKind::InvalidData {
-            anyhow!(
-                "{}: not a valid pcap or pcapng capture ({e})",
-                path.display()
-            )
-        } else {
-            anyhow::Error::new(e).context(format!("cannot read {}", path.display()))
-        }
+    let bytes = std::fs::read(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let known = bytes
+        .get(..4)
+        .is_some_and(|magic| MAGICS.iter().any(|m| m == magic));
+    if !known {
+        return Err(anyhow!(
+            "{}: not a pcap or pcapng capture (unknown file format)",
+            path.display()
+        ));
+    }
+    read_capture(&bytes[..]).map_err(|e| {
+        let what = match e.kind() {
+            io::ErrorKind::UnexpectedEof => "truncated capture",
+            _ => "malformed capture",
+        };
+        anyhow!("{}: {what} ({e})", path.display())
     })
 }
 

@@ -122,7 +122,7 @@ enum Class<'a> {
     /// A UDP datagram to port 4791 (which may still be malformed).
     Roce,
     /// Anything else; the lax slicing (if any) serves the one-line summary.
-    Other(Option<LaxSlicedPacket<'a>>),
+    Other(Option<Box<LaxSlicedPacket<'a>>>),
     /// A link type we cannot look into.
     UnsupportedLink,
 }
@@ -161,7 +161,7 @@ fn classify(cf: &CapturedFrame) -> Class<'_> {
     if to_roce_port {
         Class::Roce
     } else {
-        Class::Other(Some(sliced))
+        Class::Other(Some(Box::new(sliced)))
     }
 }
 
@@ -305,6 +305,7 @@ struct Tally {
 }
 
 impl Tally {
+    /// Counts one RoCEv2 frame and its verdict.
     fn record(&mut self, opcode: Option<Opcode>, ok: bool) {
         let count = self.by_opcode.entry(opcode.map(u8::from)).or_default();
         if ok {
@@ -316,6 +317,7 @@ impl Tally {
         }
     }
 
+    /// Adds the counts of `other` (one file) to these.
     fn merge(&mut self, other: &Self) {
         self.frames += other.frames;
         self.other += other.other;
@@ -364,7 +366,10 @@ impl Tally {
     }
 }
 
-/// `rocectl pcap check`.
+/// `rocectl pcap check`: prints failing frames as they are found, then per-file and overall
+/// counts, and closes with `N passed, N failed`. Unreadable files are reported on stderr and
+/// the others still checked. The exit status fails if a frame failed, a file could not be read,
+/// or frames were on a link type that could not be examined.
 fn check(files: &[PathBuf], out: &mut impl Write) -> Result<ExitCode> {
     let mut total = Tally::default();
     let mut unreadable = 0;
@@ -434,7 +439,8 @@ fn check(files: &[PathBuf], out: &mut impl Write) -> Result<ExitCode> {
     })
 }
 
-/// `rocectl pcap dump`.
+/// `rocectl pcap dump`: `N seconds summary` per frame, seconds relative to the first frame.
+/// Frames the codec refuses print the reason; nothing here panics on bad input.
 fn dump(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
     let frames = load(path)?;
     let t0 = frames.first().map(|f| f.timestamp).unwrap_or_default();
@@ -443,7 +449,7 @@ fn dump(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
         write!(out, "{} {} ", i + 1, Seconds(t))?;
         match classify(cf) {
             Class::Roce => write_roce(cf, out)?,
-            Class::Other(sliced) => write_other(cf, sliced.as_ref(), out)?,
+            Class::Other(sliced) => write_other(cf, sliced.as_deref(), out)?,
             Class::UnsupportedLink => write!(
                 out,
                 "frame on unsupported link type {}, {} bytes",
@@ -583,7 +589,7 @@ fn write_arp(arp: &etherparse::ArpPacketSlice<'_>, out: &mut impl Write) -> io::
     }
 }
 
-/// `rocectl pcap sample`.
+/// `rocectl pcap sample`: the same bytes on every run (fixed timestamps, deterministic frames).
 fn sample(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
     let frames = samples::all();
     let create = || -> io::Result<()> {

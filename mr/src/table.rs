@@ -1074,3 +1074,899 @@ impl SplitMix64 {
         z ^ (z >> 31)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Nak, WcStatus};
+
+    const RW: Access = Access::LOCAL_WRITE
+        .union(Access::REMOTE_WRITE)
+        .union(Access::REMOTE_READ);
+    const ALL_REMOTE: Access = RW.union(Access::REMOTE_ATOMIC);
+    const BIND: Access = ALL_REMOTE.union(Access::MW_BIND);
+    const REMOTE: Origin = Origin::Remote { qpn: 7 };
+
+    fn table() -> (MrTable, Pd) {
+        let t = MrTable::new(16, 42);
+        let pd = t.alloc_pd();
+        (t, pd)
+    }
+
+    fn err(r: Result<Checked<'_>, AccessError>) -> AccessError {
+        r.expect_err("access must fail")
+    }
+
+    #[test]
+    fn send_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<MrTable>();
+        assert_send_sync::<std::sync::Arc<MrTable>>();
+    }
+
+    #[test]
+    fn registration_access_rules() {
+        let (t, pd) = table();
+        for bad in [
+            Access::REMOTE_WRITE,
+            Access::REMOTE_ATOMIC,
+            Access::REMOTE_WRITE | Access::REMOTE_READ,
+        ] {
+            assert_eq!(
+                t.register_zeroed(pd, 8, 0, bad),
+                Err(RegisterError::InvalidAccess { access: bad })
+            );
+        }
+        let unknown = Access::from_bits(0x3F).unwrap() | Access::empty();
+        assert!(t.register_zeroed(pd, 8, 0, unknown).is_ok());
+        assert_eq!(
+            t.register_zeroed(pd, 8, 4, Access::ZERO_BASED),
+            Err(RegisterError::ZeroBasedIova { iova: 4 })
+        );
+        assert_eq!(
+            t.register_zeroed(pd, 16, u64::MAX - 8, Access::empty()),
+            Err(RegisterError::BadRange {
+                iova: u64::MAX - 8,
+                len: 16
+            })
+        );
+        let other = Pd(999);
+        assert_eq!(
+            t.register_zeroed(other, 8, 0, Access::empty()),
+            Err(RegisterError::UnknownPd)
+        );
+        // SAFETY: a null pointer is rejected before it is stored.
+        #[allow(unsafe_code)]
+        let raw = unsafe { t.register_raw(pd, core::ptr::null_mut(), 8, 0, Access::empty()) };
+        assert_eq!(raw, Err(RegisterError::NullPointer));
+    }
+
+    #[test]
+    fn table_full() {
+        let t = MrTable::new(2, 0);
+        let pd = t.alloc_pd();
+        t.register_zeroed(pd, 8, 0, Access::empty()).unwrap();
+        t.alloc_mw(pd, MwType::Type1).unwrap();
+        assert_eq!(
+            t.register_zeroed(pd, 8, 0, Access::empty()),
+            Err(RegisterError::TableFull)
+        );
+    }
+
+    #[test]
+    fn unknown_and_stale_keys() {
+        let (t, pd) = table();
+        let k = t.register_zeroed(pd, 64, 0x1000, RW).unwrap();
+        for bogus in [Key::new(0, k.key8()), Key::new(17, 0), Key::new(3000, 0)] {
+            assert_eq!(
+                err(t.check(REMOTE, bogus, pd, 0x1000, 8, Access::REMOTE_READ)),
+                AccessError::UnknownKey { key: bogus }
+            );
+        }
+        let stale = k.with_key8(k.key8().wrapping_add(1));
+        assert_eq!(
+            err(t.check(REMOTE, stale, pd, 0x1000, 8, Access::REMOTE_READ)),
+            AccessError::StaleKey { key: stale }
+        );
+        t.deregister(k).unwrap();
+        assert_eq!(
+            err(t.check(REMOTE, k, pd, 0x1000, 8, Access::REMOTE_READ)),
+            AccessError::UnknownKey { key: k }
+        );
+    }
+
+    #[test]
+    fn key_changes_on_every_reuse() {
+        let t = MrTable::new(1, 9);
+        let pd = t.alloc_pd();
+        let mut old = Vec::new();
+        for _ in 0..255 {
+            let k = t.register_zeroed(pd, 8, 0, Access::REMOTE_READ).unwrap();
+            assert_eq!(k.index(), 1);
+            assert!(
+                !old.contains(&k),
+                "key {k:?} reused within 255 registrations"
+            );
+            for stale in &old {
+                assert!(t
+                    .check(REMOTE, *stale, pd, 0, 8, Access::REMOTE_READ)
+                    .is_err());
+            }
+            assert!(t.check(REMOTE, k, pd, 0, 8, Access::REMOTE_READ).is_ok());
+            t.deregister(k).unwrap();
+            old.push(k);
+        }
+    }
+
+    #[test]
+    fn initial_keys_come_from_the_seed() {
+        let keys = |seed| {
+            let t = MrTable::new(8, seed);
+            let pd = t.alloc_pd();
+            (0..8)
+                .map(|_| t.register_zeroed(pd, 8, 0, Access::empty()).unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(keys(1), keys(1));
+        assert_ne!(keys(1), keys(2));
+    }
+
+    #[test]
+    fn pd_mismatch_and_rights() {
+        let (t, pd) = table();
+        let pd2 = t.alloc_pd();
+        let k = t
+            .register_zeroed(pd, 64, 0x1000, Access::REMOTE_READ)
+            .unwrap();
+        assert_eq!(
+            err(t.check(REMOTE, k, pd2, 0x1000, 8, Access::REMOTE_READ)),
+            AccessError::PdMismatch { key: k }
+        );
+        assert_eq!(
+            err(t.check(REMOTE, k, pd, 0x1000, 8, Access::REMOTE_WRITE)),
+            AccessError::AccessDenied {
+                needed: Access::REMOTE_WRITE,
+                granted: Access::REMOTE_READ
+            }
+        );
+        assert_eq!(
+            err(t.check(Origin::Local, k, pd, 0x1000, 8, Access::LOCAL_WRITE)),
+            AccessError::AccessDenied {
+                needed: Access::LOCAL_WRITE,
+                granted: Access::REMOTE_READ
+            }
+        );
+        // A send source buffer needs only a valid lkey in the PD.
+        let c = t
+            .check(Origin::Local, k, pd, 0x1000, 8, Access::empty())
+            .unwrap();
+        let mut buf = [1u8; 8];
+        c.read(0, &mut buf).unwrap();
+        assert_eq!(buf, [0; 8]);
+    }
+
+    #[test]
+    fn bounds() {
+        let (t, pd) = table();
+        let k = t.register_zeroed(pd, 64, 0x1000, RW).unwrap();
+        let ok = |iova, len| {
+            t.check(REMOTE, k, pd, iova, len, Access::REMOTE_READ)
+                .is_ok()
+        };
+        assert!(ok(0x1000, 64));
+        assert!(ok(0x103F, 1));
+        assert!(!ok(0x0FFF, 1));
+        assert!(!ok(0x1000, 65));
+        assert!(!ok(0x1040, 1));
+        assert_eq!(
+            err(t.check(REMOTE, k, pd, 0x1001, u64::MAX, Access::REMOTE_READ)),
+            AccessError::OutOfBounds {
+                iova: 0x1001,
+                len: u64::MAX
+            }
+        );
+        assert_eq!(
+            err(t.check(REMOTE, k, pd, u64::MAX, 2, Access::REMOTE_READ)),
+            AccessError::OutOfBounds {
+                iova: u64::MAX,
+                len: 2
+            }
+        );
+        // At the very top of the address space.
+        let top = t.register_zeroed(pd, 16, u64::MAX - 16, RW).unwrap();
+        assert!(t
+            .check(REMOTE, top, pd, u64::MAX - 8, 8, Access::REMOTE_READ)
+            .is_ok());
+        assert!(t
+            .check(REMOTE, top, pd, u64::MAX - 8, 9, Access::REMOTE_READ)
+            .is_err());
+    }
+
+    #[test]
+    fn translation_and_zero_based() {
+        let (t, pd) = table();
+        let k = t.register_zeroed(pd, 64, 0xdead_0000, RW).unwrap();
+        let c = t
+            .check(REMOTE, k, pd, 0xdead_0010, 4, Access::REMOTE_WRITE)
+            .unwrap();
+        c.write(0, b"abcd").unwrap();
+        drop(c);
+        let mut buf = [0u8; 4];
+        t.read(k, 0x10, &mut buf).unwrap();
+        assert_eq!(&buf, b"abcd");
+
+        let z = t
+            .register(
+                pd,
+                vec![7u8; 32].into_boxed_slice(),
+                0,
+                RW | Access::ZERO_BASED,
+            )
+            .unwrap();
+        let c = t.check(REMOTE, z, pd, 30, 2, Access::REMOTE_READ).unwrap();
+        let mut two = [0u8; 2];
+        c.read(0, &mut two).unwrap();
+        assert_eq!(two, [7, 7]);
+        drop(c);
+        assert!(t.check(REMOTE, z, pd, 31, 2, Access::REMOTE_READ).is_err());
+    }
+
+    #[test]
+    fn atomics() {
+        let (t, pd) = table();
+        let k = t.register_zeroed(pd, 64, 0x1000, ALL_REMOTE).unwrap();
+        let a = |iova, len| t.check(REMOTE, k, pd, iova, len, Access::REMOTE_ATOMIC);
+        assert_eq!(err(a(0x1004, 8)), AccessError::Misaligned { iova: 0x1004 });
+        assert_eq!(err(a(0x1000, 4)), AccessError::AtomicLength { len: 4 });
+        assert_eq!(err(a(0x1000, 0)), AccessError::AtomicLength { len: 0 });
+        let c = a(0x1008, 8).unwrap();
+        assert_eq!(c.fetch_add(3).unwrap(), 0);
+        assert_eq!(c.fetch_add(u64::MAX).unwrap(), 3);
+        assert_eq!(c.compare_swap(9, 100).unwrap(), 2);
+        assert_eq!(c.compare_swap(2, 100).unwrap(), 2);
+        assert_eq!(c.fetch_add(0).unwrap(), 100);
+        drop(c);
+        // Host order in memory.
+        let mut word = [0u8; 8];
+        t.read(k, 8, &mut word).unwrap();
+        assert_eq!(u64::from_ne_bytes(word), 100);
+        // Aligned IOVA over a misaligned host address.
+        let m = t.register_zeroed(pd, 64, 4, ALL_REMOTE).unwrap();
+        assert_eq!(
+            err(t.check(REMOTE, m, pd, 8, 8, Access::REMOTE_ATOMIC)),
+            AccessError::Misaligned { iova: 8 }
+        );
+        // No atomic right.
+        let r = t.register_zeroed(pd, 64, 0, RW).unwrap();
+        assert!(matches!(
+            err(t.check(REMOTE, r, pd, 0, 8, Access::REMOTE_ATOMIC)),
+            AccessError::AccessDenied { .. }
+        ));
+    }
+
+    #[test]
+    fn checked_operations_follow_checked_rights() {
+        let (t, pd) = table();
+        let k = t.register_zeroed(pd, 64, 0, ALL_REMOTE).unwrap();
+        let read = t.check(REMOTE, k, pd, 0, 16, Access::REMOTE_READ).unwrap();
+        assert!(matches!(
+            read.write(0, b"x"),
+            Err(AccessError::AccessDenied { .. })
+        ));
+        assert!(matches!(
+            read.fetch_add(1),
+            Err(AccessError::AccessDenied { .. })
+        ));
+        assert_eq!(
+            read.read(10, &mut [0u8; 7]),
+            Err(AccessError::OutOfBounds { iova: 10, len: 7 })
+        );
+        read.read(16, &mut []).unwrap();
+        drop(read);
+        let write = t.check(REMOTE, k, pd, 0, 16, Access::REMOTE_WRITE).unwrap();
+        assert!(matches!(
+            write.read(0, &mut [0u8; 1]),
+            Err(AccessError::AccessDenied { .. })
+        ));
+        assert!(matches!(
+            write.compare_swap(0, 1),
+            Err(AccessError::AccessDenied { .. })
+        ));
+        assert_eq!(
+            write.write(15, b"ab"),
+            Err(AccessError::OutOfBounds { iova: 15, len: 2 })
+        );
+        assert_eq!(
+            write.write(u64::MAX, b"a"),
+            Err(AccessError::OutOfBounds {
+                iova: u64::MAX,
+                len: 1
+            })
+        );
+        write.write(14, b"ab").unwrap();
+        assert_eq!(write.len(), 16);
+        assert!(!write.is_empty());
+    }
+
+    #[test]
+    fn zero_length_skips_the_key_check() {
+        let (t, pd) = table();
+        let bogus = Key(0xFFFF_FFFF);
+        let c = t
+            .check(REMOTE, bogus, pd, u64::MAX, 0, Access::REMOTE_WRITE)
+            .unwrap();
+        assert!(c.is_empty());
+        c.write(0, &[]).unwrap();
+        assert_eq!(
+            c.write(0, b"x"),
+            Err(AccessError::OutOfBounds { iova: 0, len: 1 })
+        );
+        assert!(t
+            .check(Origin::Local, bogus, Pd(77), 0, 0, Access::LOCAL_WRITE)
+            .is_ok());
+        let r = t
+            .check(REMOTE, bogus, pd, 0, 0, Access::REMOTE_READ)
+            .unwrap();
+        r.read(0, &mut []).unwrap();
+        // Atomics always carry 8 bytes, so a zero-length atomic is a length error.
+        assert_eq!(
+            err(t.check(REMOTE, bogus, pd, 0, 0, Access::REMOTE_ATOMIC)),
+            AccessError::AtomicLength { len: 0 }
+        );
+    }
+
+    #[test]
+    fn own_memory_access() {
+        let (t, pd) = table();
+        let k = t
+            .register(pd, vec![1, 2, 3].into_boxed_slice(), 0x10, Access::empty())
+            .unwrap();
+        let mut buf = [0u8; 3];
+        t.read(k, 0, &mut buf).unwrap();
+        assert_eq!(buf, [1, 2, 3]);
+        t.write(k, 1, &[9, 9]).unwrap();
+        t.read(k, 0, &mut buf).unwrap();
+        assert_eq!(buf, [1, 9, 9]);
+        assert_eq!(
+            t.write(k, 2, &[0, 0]),
+            Err(AccessError::OutOfBounds { iova: 2, len: 2 })
+        );
+        assert_eq!(
+            t.read(k, usize::MAX, &mut buf),
+            Err(AccessError::OutOfBounds {
+                iova: u64::MAX,
+                len: 3
+            })
+        );
+        let stale = k.with_key8(k.key8() ^ 1);
+        assert_eq!(
+            t.read(stale, 0, &mut buf),
+            Err(AccessError::StaleKey { key: stale })
+        );
+        let mw = t.alloc_mw(pd, MwType::Type1).unwrap();
+        assert_eq!(
+            t.read(mw, 0, &mut buf),
+            Err(AccessError::StaleKey { key: mw })
+        );
+    }
+
+    #[test]
+    fn raw_memory_round_trip() {
+        let (t, pd) = table();
+        let mut backing = vec![0u64; 8];
+        let ptr = backing.as_mut_ptr().cast::<u8>();
+        // SAFETY: `backing` outlives the registration (deregistered below) and is not touched
+        // until then.
+        #[allow(unsafe_code)]
+        let k = unsafe { t.register_raw(pd, ptr, 64, 0x5000, ALL_REMOTE) }.unwrap();
+        let c = t
+            .check(REMOTE, k, pd, 0x5008, 8, Access::REMOTE_ATOMIC)
+            .unwrap();
+        assert_eq!(c.fetch_add(41).unwrap(), 0);
+        drop(c);
+        t.deregister(k).unwrap();
+        assert_eq!(backing[1], 41);
+    }
+
+    #[test]
+    fn deregister_errors() {
+        let (t, pd) = table();
+        let k = t.register_zeroed(pd, 64, 0, BIND).unwrap();
+        let mw = t.alloc_mw(pd, MwType::Type1).unwrap();
+        assert_eq!(
+            t.deregister(Key::new(9, 0)),
+            Err(DeregisterError::UnknownKey {
+                key: Key::new(9, 0)
+            })
+        );
+        assert_eq!(
+            t.deregister(Key(0)),
+            Err(DeregisterError::UnknownKey { key: Key(0) })
+        );
+        let stale = k.with_key8(k.key8() ^ 0x80);
+        assert_eq!(
+            t.deregister(stale),
+            Err(DeregisterError::StaleKey { key: stale })
+        );
+        assert_eq!(
+            t.deregister(mw),
+            Err(DeregisterError::WrongKind { key: mw })
+        );
+        assert_eq!(t.dealloc_mw(k), Err(DeregisterError::WrongKind { key: k }));
+        let bound = t
+            .bind_mw(
+                mw,
+                pd,
+                1,
+                BindMw {
+                    mr: k,
+                    addr: 0,
+                    len: 8,
+                    access: Access::REMOTE_READ,
+                    key8: 5,
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            t.deregister(k),
+            Err(DeregisterError::WindowsBound { key: k })
+        );
+        assert_eq!(t.dealloc_mw(mw), Err(DeregisterError::StaleKey { key: mw }));
+        assert_eq!(t.dealloc_pd(pd), Err(PdError::Busy { users: 2 }));
+        t.dealloc_mw(bound).unwrap();
+        t.deregister(k).unwrap();
+        t.dealloc_pd(pd).unwrap();
+        assert_eq!(t.dealloc_pd(pd), Err(PdError::UnknownPd));
+    }
+
+    fn bind(mr: Key, addr: u64, len: u64, access: Access, key8: u8) -> BindMw {
+        BindMw {
+            mr,
+            addr,
+            len,
+            access,
+            key8,
+        }
+    }
+
+    #[test]
+    fn type1_window() {
+        let (t, pd) = table();
+        let mr = t.register_zeroed(pd, 256, 0x1000, BIND).unwrap();
+        let mw = t.alloc_mw(pd, MwType::Type1).unwrap();
+        // Allocated but unbound.
+        assert_eq!(
+            err(t.check(REMOTE, mw, pd, 0x1000, 8, Access::REMOTE_READ)),
+            AccessError::Invalidated { key: mw }
+        );
+        let k1 = t
+            .bind_mw(mw, pd, 3, bind(mr, 0x1010, 16, Access::REMOTE_READ, 0x11))
+            .unwrap();
+        assert_eq!(k1, mw.with_key8(0x11));
+        assert!(t
+            .check(REMOTE, k1, pd, 0x1010, 16, Access::REMOTE_READ)
+            .is_ok());
+        // Any QP of the PD may use a type 1 window.
+        assert!(t
+            .check(
+                Origin::Remote { qpn: 99 },
+                k1,
+                pd,
+                0x1010,
+                16,
+                Access::REMOTE_READ
+            )
+            .is_ok());
+        assert!(t
+            .check(REMOTE, k1, pd, 0x1010, 17, Access::REMOTE_READ)
+            .is_err());
+        assert!(t
+            .check(REMOTE, k1, pd, 0x100F, 1, Access::REMOTE_READ)
+            .is_err());
+        assert!(matches!(
+            err(t.check(REMOTE, k1, pd, 0x1010, 8, Access::REMOTE_WRITE)),
+            AccessError::AccessDenied { .. }
+        ));
+        assert_eq!(
+            err(t.check(Origin::Local, k1, pd, 0x1010, 8, Access::empty())),
+            AccessError::WindowAsLocalKey { key: k1 }
+        );
+        assert_eq!(
+            err(t.check(REMOTE, mw, pd, 0x1010, 8, Access::REMOTE_READ)),
+            AccessError::StaleKey { key: mw }
+        );
+        // Writes through the window land in the region at the right place.
+        let k2 = t
+            .bind_mw(
+                k1,
+                pd,
+                3,
+                bind(
+                    mr,
+                    0x1020,
+                    8,
+                    Access::REMOTE_WRITE | Access::REMOTE_READ,
+                    0x12,
+                ),
+            )
+            .unwrap();
+        assert_eq!(
+            err(t.check(REMOTE, k1, pd, 0x1010, 8, Access::REMOTE_READ)),
+            AccessError::StaleKey { key: k1 }
+        );
+        t.check(REMOTE, k2, pd, 0x1020, 8, Access::REMOTE_WRITE)
+            .unwrap()
+            .write(0, b"windowed")
+            .unwrap();
+        let mut buf = [0u8; 8];
+        t.read(mr, 0x20, &mut buf).unwrap();
+        assert_eq!(&buf, b"windowed");
+        // Type 1 windows cannot be invalidated; a zero-length bind unbinds.
+        assert_eq!(
+            t.invalidate_remote(k2, pd, 3),
+            Err(InvalidateError::Type1Window { key: k2 })
+        );
+        let k3 = t
+            .bind_mw(k2, pd, 3, bind(Key(0), 0, 0, Access::empty(), 0x13))
+            .unwrap();
+        assert_eq!(
+            err(t.check(REMOTE, k3, pd, 0x1020, 8, Access::REMOTE_READ)),
+            AccessError::Invalidated { key: k3 }
+        );
+        t.deregister(mr).unwrap();
+    }
+
+    #[test]
+    fn type2_window() {
+        let (t, pd) = table();
+        let pd2 = t.alloc_pd();
+        let mr = t.register_zeroed(pd, 256, 0x1000, BIND).unwrap();
+        let mw = t.alloc_mw(pd, MwType::Type2).unwrap();
+        assert_eq!(
+            t.bind_mw(mw, pd, 3, bind(mr, 0x1000, 0, Access::REMOTE_READ, 1)),
+            Err(BindError::ZeroLength)
+        );
+        let zb = Access::REMOTE_ATOMIC | Access::ZERO_BASED;
+        let k = t.bind_mw(mw, pd, 3, bind(mr, 0x1008, 16, zb, 1)).unwrap();
+        assert_eq!(
+            t.bind_mw(k, pd, 3, bind(mr, 0x1008, 16, zb, 2)),
+            Err(BindError::AlreadyBound)
+        );
+        // Zero based: address 8 is region IOVA 0x1010.
+        assert_eq!(
+            t.check(
+                Origin::Remote { qpn: 3 },
+                k,
+                pd,
+                8,
+                8,
+                Access::REMOTE_ATOMIC
+            )
+            .unwrap()
+            .fetch_add(6),
+            Ok(0)
+        );
+        let mut word = [0u8; 8];
+        t.read(mr, 0x10, &mut word).unwrap();
+        assert_eq!(u64::from_ne_bytes(word), 6);
+        assert_eq!(
+            err(t.check(
+                Origin::Remote { qpn: 4 },
+                k,
+                pd,
+                8,
+                8,
+                Access::REMOTE_ATOMIC
+            )),
+            AccessError::QpMismatch { key: k }
+        );
+        assert_eq!(
+            t.invalidate_remote(k, pd2, 3),
+            Err(InvalidateError::PdMismatch { key: k })
+        );
+        assert_eq!(
+            t.invalidate_remote(k, pd, 4),
+            Err(InvalidateError::QpMismatch { key: k })
+        );
+        let stale = k.with_key8(9);
+        assert_eq!(
+            t.invalidate_remote(stale, pd, 3),
+            Err(InvalidateError::StaleKey { key: stale })
+        );
+        assert_eq!(
+            t.deregister(mr),
+            Err(DeregisterError::WindowsBound { key: mr })
+        );
+        t.invalidate_remote(k, pd, 3).unwrap();
+        assert_eq!(
+            err(t.check(
+                Origin::Remote { qpn: 3 },
+                k,
+                pd,
+                8,
+                8,
+                Access::REMOTE_ATOMIC
+            )),
+            AccessError::Invalidated { key: k }
+        );
+        assert_eq!(
+            t.invalidate_local(k, pd, 3),
+            Err(InvalidateError::AlreadyInvalid { key: k })
+        );
+        // Free again: it can be bound to another QP, and the region deregistered after.
+        let k2 = t
+            .bind_mw(k, pd, 5, bind(mr, 0x1000, 8, Access::REMOTE_READ, 2))
+            .unwrap();
+        t.invalidate_local(k2, pd, 5).unwrap();
+        t.deregister(mr).unwrap();
+        assert_eq!(
+            t.invalidate_local(Key::new(15, 0), pd, 5),
+            Err(InvalidateError::UnknownKey {
+                key: Key::new(15, 0)
+            })
+        );
+    }
+
+    #[test]
+    fn bind_errors() {
+        let (t, pd) = table();
+        let pd2 = t.alloc_pd();
+        let mr = t.register_zeroed(pd, 64, 0x1000, BIND).unwrap();
+        let mr_ro = t
+            .register_zeroed(pd, 64, 0, Access::MW_BIND | Access::REMOTE_READ)
+            .unwrap();
+        let mr_nobind = t.register_zeroed(pd, 64, 0, RW).unwrap();
+        let mr_zb = t
+            .register_zeroed(pd, 64, 0, BIND | Access::ZERO_BASED)
+            .unwrap();
+        let mr_pd2 = t.register_zeroed(pd2, 64, 0, BIND).unwrap();
+        let mw1 = t.alloc_mw(pd, MwType::Type1).unwrap();
+        let r = Access::REMOTE_READ;
+        let b = |mw, pd, bm| t.bind_mw(mw, pd, 1, bm);
+        assert_eq!(
+            b(mr, pd, bind(mr_ro, 0, 8, r, 1)),
+            Err(BindError::InvalidWindow { key: mr })
+        );
+        let stale = mw1.with_key8(mw1.key8() ^ 1);
+        assert_eq!(
+            b(stale, pd, bind(mr, 0x1000, 8, r, 1)),
+            Err(BindError::InvalidWindow { key: stale })
+        );
+        assert_eq!(
+            b(mw1, pd2, bind(mr, 0x1000, 8, r, 1)),
+            Err(BindError::PdMismatch)
+        );
+        assert_eq!(
+            b(mw1, pd, bind(mr, 0x1000, 8, Access::LOCAL_WRITE, 1)),
+            Err(BindError::InvalidAccess {
+                access: Access::LOCAL_WRITE
+            })
+        );
+        assert_eq!(
+            b(mw1, pd, bind(mr, 0x1000, 8, r | Access::ZERO_BASED, 1)),
+            Err(BindError::ZeroBasedType1)
+        );
+        assert_eq!(
+            b(mw1, pd, bind(mw1, 0x1000, 8, r, 1)),
+            Err(BindError::InvalidRegion { key: mw1 })
+        );
+        let gone = Key::new(14, 0);
+        assert_eq!(
+            b(mw1, pd, bind(gone, 0, 8, r, 1)),
+            Err(BindError::InvalidRegion { key: gone })
+        );
+        assert_eq!(
+            b(mw1, pd, bind(mr_pd2, 0, 8, r, 1)),
+            Err(BindError::PdMismatch)
+        );
+        assert_eq!(
+            b(mw1, pd, bind(mr_zb, 0, 8, r, 1)),
+            Err(BindError::RegionZeroBased)
+        );
+        assert_eq!(
+            b(mw1, pd, bind(mr_nobind, 0, 8, r, 1)),
+            Err(BindError::NoBindAccess)
+        );
+        assert_eq!(
+            b(mw1, pd, bind(mr_ro, 0, 8, Access::REMOTE_WRITE, 1)),
+            Err(BindError::NeedsLocalWrite)
+        );
+        assert_eq!(
+            b(mw1, pd, bind(mr, 0xFFF, 8, r, 1)),
+            Err(BindError::OutOfBounds {
+                addr: 0xFFF,
+                len: 8
+            })
+        );
+        assert_eq!(
+            b(mw1, pd, bind(mr, 0x1039, 8, r, 1)),
+            Err(BindError::OutOfBounds {
+                addr: 0x1039,
+                len: 8
+            })
+        );
+        assert_eq!(
+            b(mw1, pd, bind(mr, 0x1000, u64::MAX, r, 1)),
+            Err(BindError::OutOfBounds {
+                addr: 0x1000,
+                len: u64::MAX
+            })
+        );
+        let fr = t.alloc_mr(pd, 64).unwrap();
+        assert_eq!(
+            b(mw1, pd, bind(fr, 0, 8, r, 1)),
+            Err(BindError::RegionInvalidated { key: fr })
+        );
+        assert_eq!(BindError::NoBindAccess.local_status(), WcStatus::MwBindErr);
+        // Nothing above left a window counted on a region.
+        for k in [mr, mr_ro, mr_nobind, mr_zb, mr_pd2, fr] {
+            t.deregister(k).unwrap();
+        }
+    }
+
+    #[test]
+    fn fast_registration() {
+        let (t, pd) = table();
+        let pd2 = t.alloc_pd();
+        let fr = t.alloc_mr(pd, 128).unwrap();
+        assert_eq!(
+            err(t.check(REMOTE, fr, pd, 0, 8, Access::REMOTE_READ)),
+            AccessError::Invalidated { key: fr }
+        );
+        let reg = FastReg {
+            offset: 64,
+            iova: 0x9000,
+            len: 32,
+            access: RW,
+        };
+        let k = fr.with_key8(fr.key8().wrapping_add(1));
+        assert_eq!(
+            t.fast_reg(k, pd2, reg),
+            Err(RegisterError::PdMismatch { key: k })
+        );
+        assert_eq!(
+            t.fast_reg(k, pd, FastReg { offset: 100, ..reg }),
+            Err(RegisterError::BadRange {
+                iova: 0x9000,
+                len: 32
+            })
+        );
+        assert_eq!(
+            t.fast_reg(
+                k,
+                pd,
+                FastReg {
+                    access: Access::REMOTE_WRITE,
+                    ..reg
+                }
+            ),
+            Err(RegisterError::InvalidAccess {
+                access: Access::REMOTE_WRITE
+            })
+        );
+        t.fast_reg(k, pd, reg).unwrap();
+        assert_eq!(
+            t.fast_reg(k, pd, reg),
+            Err(RegisterError::StillValid { key: k })
+        );
+        assert_eq!(
+            err(t.check(REMOTE, fr, pd, 0x9000, 8, Access::REMOTE_READ)),
+            AccessError::StaleKey { key: fr }
+        );
+        t.check(REMOTE, k, pd, 0x9000, 4, Access::REMOTE_WRITE)
+            .unwrap()
+            .write(0, b"fast")
+            .unwrap();
+        let mut buf = [0u8; 4];
+        t.read(k, 64, &mut buf).unwrap();
+        assert_eq!(&buf, b"fast");
+        assert!(t
+            .check(REMOTE, k, pd, 0x9000, 33, Access::REMOTE_READ)
+            .is_err());
+
+        assert_eq!(
+            t.invalidate_remote(k, pd2, 1),
+            Err(InvalidateError::PdMismatch { key: k })
+        );
+        t.invalidate_remote(k, pd, 1).unwrap();
+        assert_eq!(
+            err(t.check(REMOTE, k, pd, 0x9000, 8, Access::REMOTE_READ)),
+            AccessError::Invalidated { key: k }
+        );
+        assert_eq!(
+            t.invalidate_local(k, pd, 1),
+            Err(InvalidateError::AlreadyInvalid { key: k })
+        );
+        let k2 = k.with_key8(k.key8().wrapping_add(1));
+        t.fast_reg(
+            k2,
+            pd,
+            FastReg {
+                offset: 0,
+                iova: 0,
+                len: 128,
+                access: BIND,
+            },
+        )
+        .unwrap();
+        assert!(t
+            .check(REMOTE, k, pd, 0x9000, 8, Access::REMOTE_READ)
+            .is_err());
+        assert!(t.check(REMOTE, k2, pd, 0, 128, Access::REMOTE_READ).is_ok());
+        // Invalidation is refused while windows are bound.
+        let mw = t.alloc_mw(pd, MwType::Type1).unwrap();
+        let mwk = t
+            .bind_mw(mw, pd, 1, bind(k2, 0, 8, Access::REMOTE_READ, 0))
+            .unwrap();
+        assert_eq!(
+            t.invalidate_local(k2, pd, 1),
+            Err(InvalidateError::WindowsBound { key: k2 })
+        );
+        t.dealloc_mw(mwk).unwrap();
+        t.invalidate_local(k2, pd, 1).unwrap();
+
+        // Ordinary registrations are neither invalidated nor fast-registered.
+        let user = t.register_zeroed(pd, 8, 0, RW).unwrap();
+        assert_eq!(
+            t.invalidate_remote(user, pd, 1),
+            Err(InvalidateError::NotFastReg { key: user })
+        );
+        assert_eq!(
+            t.fast_reg(user, pd, reg),
+            Err(RegisterError::NotFastReg { key: user })
+        );
+        let mw2 = t.alloc_mw(pd, MwType::Type2).unwrap();
+        assert_eq!(
+            t.fast_reg(mw2, pd, reg),
+            Err(RegisterError::UnknownKey { key: mw2 })
+        );
+        assert_eq!(
+            RegisterError::StillValid { key: k }.local_status(),
+            WcStatus::LocQpOpErr
+        );
+    }
+
+    #[test]
+    fn classification() {
+        let k = Key(0x100);
+        let access = [
+            AccessError::UnknownKey { key: k },
+            AccessError::StaleKey { key: k },
+            AccessError::PdMismatch { key: k },
+            AccessError::Invalidated { key: k },
+            AccessError::QpMismatch { key: k },
+            AccessError::WindowAsLocalKey { key: k },
+            AccessError::AccessDenied {
+                needed: Access::REMOTE_READ,
+                granted: Access::empty(),
+            },
+            AccessError::OutOfBounds { iova: 0, len: 1 },
+        ];
+        for e in access {
+            assert_eq!(e.responder_nak(), Nak::RemoteAccessError, "{e}");
+            assert_eq!(e.responder_nak().syndrome(), 0x62);
+            assert_eq!(e.responder_status(), WcStatus::RemAccessErr);
+            assert_eq!(e.local_status(), WcStatus::LocProtErr);
+        }
+        for e in [
+            AccessError::Misaligned { iova: 4 },
+            AccessError::AtomicLength { len: 4 },
+        ] {
+            assert_eq!(e.responder_nak(), Nak::InvalidRequest, "{e}");
+            assert_eq!(e.responder_nak().syndrome(), 0x61);
+            assert_eq!(e.responder_status(), WcStatus::RemInvReqErr);
+            assert_eq!(e.local_status(), WcStatus::LocQpOpErr);
+        }
+        let inv = InvalidateError::Type1Window { key: k };
+        assert_eq!(inv.responder_nak().syndrome(), 0x61);
+        assert_eq!(inv.responder_status(), WcStatus::RemInvReqErr);
+        assert_eq!(inv.local_status(), WcStatus::LocQpOpErr);
+        assert_eq!(Nak::RemoteOperationalError.syndrome(), 0x63);
+        assert_eq!(
+            Nak::RemoteOperationalError.requester_status(),
+            WcStatus::RemOpErr
+        );
+        assert_eq!(WcStatus::LocProtErr as u8, 4);
+        assert_eq!(WcStatus::RemAccessErr as u8, 10);
+    }
+}

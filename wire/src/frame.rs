@@ -216,17 +216,19 @@ impl<'a> Frame<'a> {
         eth: Option<EthRepr>,
         caps: &Caps,
     ) -> Result<Self> {
+        let mut options = false;
         let (ip, ip_total) = match &sliced.net {
             Some(NetSlice::Ipv4(v4)) => {
                 let h = v4.header();
-                if h.ihl() != 5 {
-                    return Err(ParseError::BadFrame);
+                if h.protocol() != IpNumber::UDP {
+                    return Err(ParseError::NotRoce);
                 }
                 if v4.is_payload_fragmented() {
                     return Err(ParseError::Fragmented);
                 }
-                if h.protocol() != IpNumber::UDP {
-                    return Err(ParseError::NotRoce);
+                if h.ihl() != 5 {
+                    // Options: refused, but only for RoCE traffic (checked below).
+                    options = true;
                 }
                 let repr = Ipv4Repr {
                     src: h.source_addr(),
@@ -264,6 +266,9 @@ impl<'a> Frame<'a> {
         };
         if udp.destination_port() != ROCEV2_PORT {
             return Err(ParseError::NotRoce);
+        }
+        if options {
+            return Err(ParseError::BadFrame);
         }
         let ip_len = ip.header_len();
         if usize::from(udp.length()) != ip_total - ip_len || l3.len() < ip_total {

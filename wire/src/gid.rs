@@ -28,8 +28,8 @@ impl Gid {
 
     /// The IP address a GID stands for (rdma-core `rdma_gid2ip`): IPv4 for a v4-mapped GID,
     /// IPv6 otherwise.
-    pub const fn to_ip(self) -> IpAddr {
-        let v6 = Ipv6Addr::from_octets(self.0);
+    pub fn to_ip(self) -> IpAddr {
+        let v6 = Ipv6Addr::from(self.0);
         match v6.to_ipv4_mapped() {
             Some(v4) => IpAddr::V4(v4),
             None => IpAddr::V6(v6),
@@ -37,8 +37,8 @@ impl Gid {
     }
 
     /// Whether this is an IPv4-mapped GID.
-    pub const fn is_ipv4_mapped(self) -> bool {
-        Ipv6Addr::from_octets(self.0).to_ipv4_mapped().is_some()
+    pub fn is_ipv4_mapped(self) -> bool {
+        Ipv6Addr::from(self.0).to_ipv4_mapped().is_some()
     }
 
     /// The link-local GID made from a MAC address (fe80::/64 + EUI-64 with the U/L bit
@@ -139,7 +139,7 @@ impl FromStr for Gid {
 impl fmt::Display for Gid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Always the v6 notation; v4-mapped ones print as ::ffff:a.b.c.d.
-        write!(f, "{}", Ipv6Addr::from_octets(self.0))
+        write!(f, "{}", Ipv6Addr::from(self.0))
     }
 }
 

@@ -171,12 +171,29 @@ pub fn l3_offset(linktype: u32, data: &[u8]) -> Option<usize> {
 /// keep their Ethernet header in the result; other link types give a frame with `eth: None`.
 ///
 /// # Errors
-/// `BadFrame` for an unsupported link type, otherwise as [`Frame::parse_ethernet`].
+/// `BadFrame` for an unsupported link type, `NotRoce` for a non-IP payload of a supported one,
+/// otherwise as [`Frame::parse_ethernet`].
 pub fn parse_link<'a>(linktype: u32, data: &'a [u8], caps: &Caps) -> Result<Frame<'a>, ParseError> {
     if linktype == linktype::ETHERNET {
         return Frame::parse_ethernet(data, caps);
     }
-    let off = l3_offset(linktype, data).ok_or(ParseError::BadFrame)?;
+    let supported = matches!(
+        linktype,
+        linktype::LINUX_SLL
+            | linktype::LINUX_SLL2
+            | linktype::RAW
+            | linktype::RAW_OPENBSD
+            | linktype::RAW_BSDOS
+            | linktype::IPV4
+            | linktype::IPV6
+            | linktype::NULL
+            | linktype::LOOP
+    );
+    if !supported {
+        return Err(ParseError::BadFrame);
+    }
+    // A supported link type carrying something other than IP (ARP in a cooked capture).
+    let off = l3_offset(linktype, data).ok_or(ParseError::NotRoce)?;
     Frame::parse_ip(&data[off..], caps)
 }
 

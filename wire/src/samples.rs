@@ -114,6 +114,7 @@ pub fn packet_for(op: Opcode, payload: &[u8]) -> PacketRepr<'_> {
     let mut b = bth::Repr::new(op, Qpn::new(0x11), Psn::new(0x00AB_CDEF));
     b.ack_req = info.is_some_and(|i| i.is_end() && !i.is_response());
     if op == Opcode::Cnp {
+        b.ack_req = false;
         b.becn = true;
         b.psn = Psn::new(0);
     }

@@ -36,32 +36,43 @@ fn any_bth(op: Opcode) -> impl Strategy<Value = bth::Repr> {
 
 fn any_ext(set: ExtHeaders) -> impl Strategy<Value = Ext> {
     (any::<[u64; 4]>(), any::<[u32; 6]>(), any::<[u8; 3]>()).prop_map(move |(w, d, b)| Ext {
-        deth: set
-            .contains(ExtHeaders::DETH)
-            .then_some(deth::Repr { qkey: QKey::new(d[0]), src_qp: Qpn::new(d[1]) }),
-        feth: set
-            .contains(ExtHeaders::FETH)
-            .then_some(feth::Repr { placement: b[0] & 0xF, selectivity: b[1] & 3 }),
+        deth: set.contains(ExtHeaders::DETH).then_some(deth::Repr {
+            qkey: QKey::new(d[0]),
+            src_qp: Qpn::new(d[1]),
+        }),
+        feth: set.contains(ExtHeaders::FETH).then_some(feth::Repr {
+            placement: b[0] & 0xF,
+            selectivity: b[1] & 3,
+        }),
         reth: set.contains(ExtHeaders::RETH).then_some(reth::Repr {
             va: w[0],
             rkey: RKey::new(d[2]),
             dma_len: d[3],
         }),
-        atomic_eth: set.contains(ExtHeaders::ATOMIC_ETH).then_some(atomic_eth::Repr {
-            va: w[1],
-            rkey: RKey::new(d[4]),
-            swap_add: w[2],
-            compare: w[3],
+        atomic_eth: set
+            .contains(ExtHeaders::ATOMIC_ETH)
+            .then_some(atomic_eth::Repr {
+                va: w[1],
+                rkey: RKey::new(d[4]),
+                swap_add: w[2],
+                compare: w[3],
+            }),
+        aeth: set.contains(ExtHeaders::AETH).then_some(aeth::Repr {
+            syndrome: Syndrome::from_u8(b[2]),
+            msn: Msn::new(d[5]),
         }),
-        aeth: set
-            .contains(ExtHeaders::AETH)
-            .then_some(aeth::Repr { syndrome: Syndrome::from_u8(b[2]), msn: Msn::new(d[5]) }),
         atomic_ack_eth: set
             .contains(ExtHeaders::ATOMIC_ACK_ETH)
             .then_some(atomic_ack_eth::Repr { orig: w[3] }),
-        immdt: set.contains(ExtHeaders::IMMDT).then_some(immdt::Repr { data: d[0] ^ d[5] }),
-        ieth: set.contains(ExtHeaders::IETH).then_some(ieth::Repr { rkey: RKey::new(d[1] ^ 7) }),
-        cnp: set.contains(ExtHeaders::CNP).then_some(roce_wire::cnp::Repr),
+        immdt: set
+            .contains(ExtHeaders::IMMDT)
+            .then_some(immdt::Repr { data: d[0] ^ d[5] }),
+        ieth: set.contains(ExtHeaders::IETH).then_some(ieth::Repr {
+            rkey: RKey::new(d[1] ^ 7),
+        }),
+        cnp: set
+            .contains(ExtHeaders::CNP)
+            .then_some(roce_wire::cnp::Repr),
     })
 }
 
@@ -69,8 +80,16 @@ fn any_packet() -> impl Strategy<Value = (bth::Repr, Ext, Vec<u8>)> {
     any_opcode().prop_flat_map(|op| {
         let info = op.info();
         let set = info.map(|i| i.ext).unwrap_or_default();
-        let max_payload = if info.is_none_or(|i| i.payload) { 300 } else { 0 };
-        (any_bth(op), any_ext(set), prop::collection::vec(any::<u8>(), 0..=max_payload))
+        let max_payload = if info.is_none_or(|i| i.payload) {
+            300
+        } else {
+            0
+        };
+        (
+            any_bth(op),
+            any_ext(set),
+            prop::collection::vec(any::<u8>(), 0..=max_payload),
+        )
     })
 }
 
@@ -83,34 +102,44 @@ fn any_frame() -> impl Strategy<Value = FrameRepr> {
         any::<([u8; 16], [u8; 16], u32)>(),
         any::<(u16, u16)>(),
     )
-        .prop_map(|(v6, vlan, (dst, src), (s4, d4, tos, ident, df, ttl), (s6, d6, fl), (sp, cs))| {
-            FrameRepr {
-                eth: Some(EthRepr {
-                    dst,
-                    src,
-                    vlan: vlan.map(|(pcp, dei, vid)| VlanTag { pcp: pcp & 7, dei, vid: vid & 0xFFF }),
-                }),
-                ip: if v6 {
-                    IpRepr::V6(Ipv6Repr {
-                        src: s6.into(),
-                        dst: d6.into(),
-                        traffic_class: tos,
-                        flow_label: fl & 0xF_FFFF,
-                        hop_limit: ttl,
-                    })
-                } else {
-                    IpRepr::V4(Ipv4Repr {
-                        src: s4.into(),
-                        dst: d4.into(),
-                        tos,
-                        ident,
-                        dont_fragment: df,
-                        ttl,
-                    })
-                },
-                udp: UdpRepr { src_port: sp, dst_port: ROCEV2_PORT, checksum: cs },
-            }
-        })
+        .prop_map(
+            |(v6, vlan, (dst, src), (s4, d4, tos, ident, df, ttl), (s6, d6, fl), (sp, cs))| {
+                FrameRepr {
+                    eth: Some(EthRepr {
+                        dst,
+                        src,
+                        vlan: vlan.map(|(pcp, dei, vid)| VlanTag {
+                            pcp: pcp & 7,
+                            dei,
+                            vid: vid & 0xFFF,
+                        }),
+                    }),
+                    ip: if v6 {
+                        IpRepr::V6(Ipv6Repr {
+                            src: s6.into(),
+                            dst: d6.into(),
+                            traffic_class: tos,
+                            flow_label: fl & 0xF_FFFF,
+                            hop_limit: ttl,
+                        })
+                    } else {
+                        IpRepr::V4(Ipv4Repr {
+                            src: s4.into(),
+                            dst: d4.into(),
+                            tos,
+                            ident,
+                            dont_fragment: df,
+                            ttl,
+                        })
+                    },
+                    udp: UdpRepr {
+                        src_port: sp,
+                        dst_port: ROCEV2_PORT,
+                        checksum: cs,
+                    },
+                }
+            },
+        )
 }
 
 proptest! {

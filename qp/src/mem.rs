@@ -1,0 +1,243 @@
+//! The queue pairs' window onto registered memory: one adapter over [`roce_mr::MrTable`] that
+//! gathers and scatters across scatter/gather lists and runs remote accesses and atomics, each
+//! through the table's single checked entry point.
+
+use std::sync::Arc;
+
+use roce_mr::{Access, AccessError, Key, MrTable, Nak, Origin, Pd};
+use roce_wire::aeth::NakCode;
+use roce_wire::{Qpn, RKey};
+
+use crate::verbs::{Sge, WcStatus};
+
+/// A device's memory-region table and the protection domain of one QP.
+#[derive(Clone, Debug)]
+pub struct Mem {
+    table: Arc<MrTable>,
+    pd: Pd,
+}
+
+/// An 8-byte atomic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Compare and swap.
+    CompareSwap {
+        /// Compare value.
+        compare: u64,
+        /// Swap value.
+        swap: u64,
+    },
+    /// Fetch and add.
+    FetchAdd {
+        /// Addend.
+        add: u64,
+    },
+}
+
+/// A failed remote access: the NAK code to answer with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MemError {
+    /// Answer with this NAK.
+    Access(NakCode),
+    /// A local failure while serving the request.
+    #[allow(dead_code)]
+    Local(WcStatus),
+}
+
+fn nak_of(e: &AccessError) -> MemError {
+    MemError::Access(match e.responder_nak() {
+        Nak::InvalidRequest => NakCode::InvalidRequest,
+        Nak::RemoteAccessError => NakCode::RemoteAccessError,
+        Nak::RemoteOperationalError => NakCode::RemoteOperationalError,
+    })
+}
+
+impl Mem {
+    /// The table and the PD the QP belongs to.
+    pub fn new(table: Arc<MrTable>, pd: Pd) -> Self {
+        Self { table, pd }
+    }
+    /// The table.
+    pub fn table(&self) -> &Arc<MrTable> {
+        &self.table
+    }
+    /// The protection domain.
+    pub fn pd(&self) -> Pd {
+        self.pd
+    }
+
+    /// Walks the SGEs from message byte `offset` for `len` bytes, calling `f(sge, addr,
+    /// range)` per piece. Errors with LOC_LEN_ERR if the list is too short.
+    fn walk(
+        sges: &[Sge],
+        mut offset: u64,
+        len: usize,
+        mut f: impl FnMut(&Sge, u64, core::ops::Range<usize>) -> Result<(), WcStatus>,
+    ) -> Result<(), WcStatus> {
+        let mut done = 0usize;
+        for sge in sges {
+            if done == len {
+                break;
+            }
+            let sl = u64::from(sge.length);
+            if offset >= sl {
+                offset -= sl;
+                continue;
+            }
+            let piece = ((sl - offset) as usize).min(len - done);
+            f(sge, sge.addr.wrapping_add(offset), done..done + piece)?;
+            done += piece;
+            offset = 0;
+        }
+        if done == len {
+            Ok(())
+        } else {
+            Err(WcStatus::LocLenErr)
+        }
+    }
+
+    /// Copies `out.len()` bytes of the message described by `sges`, from byte `offset`
+    /// (SEND/WRITE payload, READ response data). Send buffers need only a valid lkey.
+    pub(crate) fn gather(&self, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), WcStatus> {
+        let len = out.len();
+        Self::walk(sges, offset, len, |sge, addr, r| {
+            let c = self
+                .table
+                .check(
+                    Origin::Local,
+                    Key(sge.lkey.value()),
+                    self.pd,
+                    addr,
+                    r.len() as u64,
+                    Access::empty(),
+                )
+                .map_err(|e| e.local_status())?;
+            c.read(0, &mut out[r]).map_err(|e| e.local_status())
+        })
+    }
+
+    /// Writes `data` into the buffer described by `sges` from byte `offset` (receives, READ
+    /// results, atomic results); needs LOCAL_WRITE.
+    pub(crate) fn scatter(&self, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), WcStatus> {
+        Self::walk(sges, offset, data.len(), |sge, addr, r| {
+            let c = self
+                .table
+                .check(
+                    Origin::Local,
+                    Key(sge.lkey.value()),
+                    self.pd,
+                    addr,
+                    r.len() as u64,
+                    Access::LOCAL_WRITE,
+                )
+                .map_err(|e| e.local_status())?;
+            c.write(0, &data[r]).map_err(|e| e.local_status())
+        })
+    }
+
+    /// Checks a remote access of `len` bytes at `va` without touching memory.
+    pub(crate) fn check_remote(
+        &self,
+        qpn: Qpn,
+        rkey: RKey,
+        va: u64,
+        len: u64,
+        needed: Access,
+    ) -> Result<(), MemError> {
+        self.table
+            .check(
+                Origin::Remote { qpn: qpn.value() },
+                Key(rkey.value()),
+                self.pd,
+                va,
+                len,
+                needed,
+            )
+            .map(drop)
+            .map_err(|e| nak_of(&e))
+    }
+
+    /// An incoming RDMA WRITE's payload.
+    pub(crate) fn write_remote(
+        &self,
+        qpn: Qpn,
+        rkey: RKey,
+        va: u64,
+        data: &[u8],
+    ) -> Result<(), MemError> {
+        let c = self
+            .table
+            .check(
+                Origin::Remote { qpn: qpn.value() },
+                Key(rkey.value()),
+                self.pd,
+                va,
+                data.len() as u64,
+                Access::REMOTE_WRITE,
+            )
+            .map_err(|e| nak_of(&e))?;
+        c.write(0, data).map_err(|e| nak_of(&e))
+    }
+
+    /// Data for a READ response.
+    pub(crate) fn read_remote(
+        &self,
+        qpn: Qpn,
+        rkey: RKey,
+        va: u64,
+        out: &mut [u8],
+    ) -> Result<(), MemError> {
+        let c = self
+            .table
+            .check(
+                Origin::Remote { qpn: qpn.value() },
+                Key(rkey.value()),
+                self.pd,
+                va,
+                out.len() as u64,
+                Access::REMOTE_READ,
+            )
+            .map_err(|e| nak_of(&e))?;
+        c.read(0, out).map_err(|e| nak_of(&e))
+    }
+
+    /// Executes an incoming atomic; returns the original value.
+    pub(crate) fn atomic(
+        &self,
+        qpn: Qpn,
+        rkey: RKey,
+        va: u64,
+        op: AtomicOp,
+    ) -> Result<u64, MemError> {
+        let c = self
+            .table
+            .check(
+                Origin::Remote { qpn: qpn.value() },
+                Key(rkey.value()),
+                self.pd,
+                va,
+                8,
+                Access::REMOTE_ATOMIC,
+            )
+            .map_err(|e| nak_of(&e))?;
+        match op {
+            AtomicOp::CompareSwap { compare, swap } => c.compare_swap(compare, swap),
+            AtomicOp::FetchAdd { add } => c.fetch_add(add),
+        }
+        .map_err(|e| nak_of(&e))
+    }
+
+    /// SEND with invalidate: invalidates the named rkey.
+    pub(crate) fn invalidate_remote(&self, qpn: Qpn, rkey: RKey) -> Result<(), WcStatus> {
+        self.table
+            .invalidate_remote(Key(rkey.value()), self.pd, qpn.value())
+            .map_err(|e| e.responder_status())
+    }
+
+    /// LOCAL_INV.
+    pub(crate) fn invalidate_local(&self, qpn: Qpn, key: u32) -> Result<(), WcStatus> {
+        self.table
+            .invalidate_local(Key(key), self.pd, qpn.value())
+            .map_err(|e| e.local_status())
+    }
+}

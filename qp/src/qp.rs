@@ -1,0 +1,745 @@
+//! The queue pair: one sans-IO state machine for RC, UC and UD.
+//!
+//! # Polling order and time
+//!
+//! The QP follows quinn-proto's shape. The caller owns the clock and the sockets:
+//!
+//! 1. feed inputs: [`QueuePair::handle_packet`] for each received packet addressed to this QP,
+//!    [`QueuePair::handle_timeout`] when [`QueuePair::poll_timeout`]'s deadline has passed;
+//! 2. issue commands: [`QueuePair::post_send`], [`QueuePair::post_recv`], [`QueuePair::modify`];
+//! 3. drain outputs until they return `None`: [`QueuePair::poll_transmit`] (packets to send),
+//!    [`QueuePair::poll_completion`] (work completions), [`QueuePair::poll_event`] (async
+//!    events); then sleep until [`QueuePair::poll_timeout`].
+//!
+//! Every call that takes `now` requires it to be monotonic (never earlier than a previous
+//! `now`). Nothing inside reads a clock, opens a socket or spawns a thread, so a run is
+//! replayed exactly by replaying its inputs.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use roce_mr::Access;
+use roce_wire::{Msn, PKey, PacketRepr, Psn, QKey, Qpn};
+
+use crate::cq::{QueueError, SharedReceiveQueue};
+use crate::mem::Mem;
+use crate::state::{check_modify, AttrMask, ModifyError, QpAttr};
+use crate::time::Instant;
+use crate::timer::{Timer, TimerTable};
+use crate::verbs::{
+    AddressHandle, Completion, CqSide, QpState, QpType, RecvWr, SendData, SendOp, SendWr, WcOpcode,
+    WcStatus,
+};
+
+/// Creation-time capacities of a QP (`struct ibv_qp_cap` plus our knobs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpConfig {
+    /// QP type.
+    pub qp_type: QpType,
+    /// Most outstanding send WRs.
+    pub max_send_wr: usize,
+    /// Most outstanding receive WRs (ignored with an SRQ).
+    pub max_recv_wr: usize,
+    /// Most scatter/gather entries per WR.
+    pub max_sge: usize,
+    /// Most inline bytes per send.
+    pub max_inline_data: usize,
+    /// Signal every send WR regardless of its own flag (`sq_sig_all`).
+    pub sq_sig_all: bool,
+    /// Most request packets in flight without an ACK (rxe: 128).
+    pub max_inflight_packets: u32,
+    /// Request an ACK at least every this many packets, as well as at message ends.
+    pub ack_req_every: u32,
+}
+
+impl QpConfig {
+    /// Defaults for a QP type.
+    pub const fn new(qp_type: QpType) -> Self {
+        Self {
+            qp_type,
+            max_send_wr: 1024,
+            max_recv_wr: 1024,
+            max_sge: 32,
+            max_inline_data: 256,
+            sq_sig_all: false,
+            max_inflight_packets: 512,
+            ack_req_every: 64,
+        }
+    }
+}
+
+/// Why a post failed (nothing was queued).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PostError {
+    /// The queue is full.
+    #[error("queue full")]
+    QueueFull,
+    /// Posting is not allowed in the QP's state (send: RTS/SQD... only; receive: not RESET).
+    #[error("QP state {0:?} does not accept this post")]
+    InvalidState(QpState),
+    /// The operation does not exist for this QP type (e.g. READ on UC, RDMA on UD).
+    #[error("operation not supported on this QP type")]
+    UnsupportedOp,
+    /// Too many scatter/gather entries, or inline data too long, or an atomic SGE that is
+    /// not 8 bytes.
+    #[error("invalid scatter/gather list or inline data")]
+    InvalidSgl,
+    /// A UD send without a destination, or an RC/UC send with one.
+    #[error("UD destination missing or misplaced")]
+    InvalidDest,
+    /// The receive goes to the SRQ, not the QP.
+    #[error("QP uses a shared receive queue")]
+    HasSrq,
+}
+
+/// An asynchronous event (`enum ibv_event_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The QP entered ERR on its own (`IBV_EVENT_QP_FATAL`), with the status that caused it.
+    QpFatal(WcStatus),
+    /// The send queue drained in SQD (`IBV_EVENT_SQ_DRAINED`).
+    SqDrained,
+    /// An SRQ the QP uses went below its limit (`IBV_EVENT_SRQ_LIMIT_REACHED`).
+    SrqLimitReached,
+    /// The QP entered SQE (`IBV_EVENT_QP_REQ_ERR` for UC/UD send errors).
+    SendQueueError,
+}
+
+/// A packet the QP wants sent. The bytes (BTH through the ICRC field, ICRC zero) are in the
+/// caller's buffer; the transport adds Ethernet/IP/UDP headers and the ICRC.
+#[must_use]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Length of the UDP payload written into the buffer.
+    pub len: usize,
+    /// Where it goes.
+    pub ah: AddressHandle,
+    /// UDP source port (constant per QP: flow entropy).
+    pub udp_sport: u16,
+}
+
+/// What the transport knows about a received packet beyond its bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvMeta {
+    /// Sender's GID (its IP address).
+    pub sgid: roce_wire::Gid,
+    /// Our GID it was sent to.
+    pub dgid: roce_wire::Gid,
+    /// The 40-byte network header as UD receivers see it (IPv6 header, or 20 zero bytes
+    /// then the IPv4 header).
+    pub grh: [u8; 40],
+    /// IP ECN was CE.
+    pub ecn_ce: bool,
+}
+
+impl RecvMeta {
+    /// Meta for tests and simulations: addresses only, a zero GRH.
+    pub const fn new(sgid: roce_wire::Gid, dgid: roce_wire::Gid) -> Self {
+        Self {
+            sgid,
+            dgid,
+            grh: [0; 40],
+            ecn_ce: false,
+        }
+    }
+}
+
+/// Counters of one QP, in the spirit of `rdma statistic`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpStats {
+    /// Packets produced by `poll_transmit`.
+    pub tx_packets: u64,
+    /// Payload bytes in them.
+    pub tx_bytes: u64,
+    /// Packets accepted by `handle_packet`.
+    pub rx_packets: u64,
+    /// Payload bytes in them.
+    pub rx_bytes: u64,
+    /// Request packets sent again (go-back-N).
+    pub retransmitted_packets: u64,
+    /// ACK timeouts that fired.
+    pub timeouts: u64,
+    /// Sequence-error NAKs sent / received.
+    pub seq_naks_sent: u64,
+    /// Sequence-error NAKs received.
+    pub seq_naks_received: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// Fatal NAKs (invalid request, remote access, remote operational) sent.
+    pub fatal_naks_sent: u64,
+    /// Fatal NAKs received.
+    pub fatal_naks_received: u64,
+    /// Duplicate requests answered.
+    pub duplicate_requests: u64,
+    /// Packets dropped: wrong state.
+    pub drop_state: u64,
+    /// Packets dropped: P_Key mismatch.
+    pub drop_pkey: u64,
+    /// Packets dropped: Q_Key mismatch (UD).
+    pub drop_qkey: u64,
+    /// Packets dropped: opcode not valid for this QP type or out of sequence (UC/UD).
+    pub drop_opcode: u64,
+    /// Packets dropped: out-of-sequence PSN (after the one NAK) or stale response.
+    pub drop_psn: u64,
+    /// Packets dropped: malformed lengths.
+    pub drop_length: u64,
+    /// Packets dropped: no receive WR (UD, UC).
+    pub drop_no_recv: u64,
+    /// Packets dropped: wrong source address for a connected QP.
+    pub drop_address: u64,
+}
+
+/// A send WR in the send queue, with its transmission state.
+#[derive(Clone, Debug)]
+pub(crate) struct SendWqe {
+    pub(crate) wr: SendWr,
+    pub(crate) len: u64,
+    /// PSN of the first packet, assigned when first transmitted.
+    pub(crate) first_psn: Option<Psn>,
+    /// Number of PSNs the WR consumes (READ: one per response packet).
+    pub(crate) npkts: u32,
+    /// READ: response packets received so far.
+    pub(crate) read_pkts_done: u32,
+    /// Whether every packet has been handed to the transport at least once.
+    pub(crate) all_sent: bool,
+    /// A local error found while sending it: the status it completes with.
+    pub(crate) error: Option<WcStatus>,
+}
+
+impl SendWqe {
+    pub(crate) fn last_psn(&self) -> Option<Psn> {
+        self.first_psn.map(|p| p.add(self.npkts.saturating_sub(1)))
+    }
+}
+
+/// Where received SENDs land.
+#[derive(Debug)]
+pub(crate) enum RecvQueue {
+    Own(VecDeque<RecvWr>),
+    Shared(Arc<SharedReceiveQueue>),
+}
+
+impl RecvQueue {
+    pub(crate) fn pop(&mut self) -> Option<RecvWr> {
+        match self {
+            Self::Own(q) => q.pop_front(),
+            Self::Shared(s) => s.pop(),
+        }
+    }
+    pub(crate) fn push_front(&mut self, wr: RecvWr) {
+        match self {
+            Self::Own(q) => q.push_front(wr),
+            Self::Shared(s) => s.push_front(wr),
+        }
+    }
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub struct QueuePair {
+    pub(crate) qpn: Qpn,
+    pub(crate) cfg: QpConfig,
+    pub(crate) state: QpState,
+    pub(crate) attr: QpAttr,
+    pub(crate) mem: Mem,
+    pub(crate) sq: VecDeque<SendWqe>,
+    pub(crate) rq: RecvQueue,
+    pub(crate) req: crate::rc::requester::Requester,
+    pub(crate) resp: crate::rc::responder::Responder,
+    pub(crate) timers: TimerTable,
+    pub(crate) completions: VecDeque<(CqSide, Completion)>,
+    pub(crate) events: VecDeque<Event>,
+    pub(crate) stats: QpStats,
+    pub(crate) udp_sport: u16,
+}
+
+impl QueuePair {
+    /// A new QP in RESET. `mem` is the device's memory-region table and the QP's protection
+    /// domain; `srq` makes received SENDs consume from a shared receive queue.
+    pub fn new(qpn: Qpn, cfg: QpConfig, mem: Mem, srq: Option<Arc<SharedReceiveQueue>>) -> Self {
+        let rq = match srq {
+            Some(s) => RecvQueue::Shared(s),
+            None => RecvQueue::Own(VecDeque::new()),
+        };
+        Self {
+            qpn,
+            cfg,
+            state: QpState::Reset,
+            attr: QpAttr::default(),
+            mem,
+            sq: VecDeque::new(),
+            rq,
+            req: Default::default(),
+            resp: Default::default(),
+            timers: TimerTable::default(),
+            completions: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: QpStats::default(),
+            udp_sport: 0xC000 | (hash_qpn(qpn.value()) & 0x3FFF),
+        }
+    }
+
+    // ----------------------------------------------------------------- getters --
+
+    /// The QP number.
+    pub fn qpn(&self) -> Qpn {
+        self.qpn
+    }
+    /// The state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+    /// The type.
+    pub fn qp_type(&self) -> QpType {
+        self.cfg.qp_type
+    }
+    /// The attributes as last modified.
+    pub fn attr(&self) -> &QpAttr {
+        &self.attr
+    }
+    /// Counters.
+    pub fn stats(&self) -> QpStats {
+        self.stats
+    }
+    /// Send WRs not yet completed.
+    pub fn send_queue_len(&self) -> usize {
+        self.sq.len()
+    }
+    /// The UDP source port this QP's packets carry.
+    pub fn udp_sport(&self) -> u16 {
+        self.udp_sport
+    }
+
+    // ---------------------------------------------------------------- commands --
+
+    /// `ibv_modify_qp`: moves the QP along the state table and sets attributes.
+    ///
+    /// # Errors
+    /// [`ModifyError`] for a transition or attribute the table does not allow; nothing changes.
+    pub fn modify(&mut self, attr: &QpAttr, mask: AttrMask) -> Result<(), ModifyError> {
+        check_modify(self.cfg.qp_type, self.state, attr, mask)?;
+        macro_rules! take {
+            ($bit:ident, $field:ident) => {
+                if mask.contains(AttrMask::$bit) {
+                    self.attr.$field = attr.$field;
+                }
+            };
+        }
+        take!(ACCESS_FLAGS, access_flags);
+        take!(PKEY_INDEX, pkey_index);
+        take!(PORT, port);
+        take!(QKEY, qkey);
+        take!(AV, ah);
+        take!(PATH_MTU, path_mtu);
+        take!(TIMEOUT, timeout);
+        take!(RETRY_CNT, retry_cnt);
+        take!(RNR_RETRY, rnr_retry);
+        take!(RQ_PSN, rq_psn);
+        take!(MAX_QP_RD_ATOMIC, max_rd_atomic);
+        take!(MIN_RNR_TIMER, min_rnr_timer);
+        take!(SQ_PSN, sq_psn);
+        take!(MAX_DEST_RD_ATOMIC, max_dest_rd_atomic);
+        take!(DEST_QPN, dest_qpn);
+        if mask.contains(AttrMask::AV) {
+            self.udp_sport = udp_sport_for(attr.ah.flow_label, self.qpn, self.attr.dest_qpn);
+        }
+        if mask.contains(AttrMask::RQ_PSN) {
+            self.resp.reset(attr.rq_psn);
+        }
+        if mask.contains(AttrMask::SQ_PSN) {
+            self.req.reset(attr.sq_psn);
+        }
+        if mask.contains(AttrMask::RETRY_CNT) || mask.contains(AttrMask::RNR_RETRY) {
+            self.req.retry_left = self.attr.retry_cnt;
+            self.req.rnr_retry_left = self.attr.rnr_retry;
+        }
+        if mask.contains(AttrMask::STATE) {
+            let to = attr.state;
+            match to {
+                QpState::Reset => self.reset(),
+                QpState::Err => self.enter_error(None),
+                QpState::Sqd => {
+                    self.state = QpState::Sqd;
+                    self.check_sq_drained();
+                }
+                other => self.state = other,
+            }
+        }
+        self.invariants();
+        Ok(())
+    }
+
+    /// `ibv_post_send`.
+    ///
+    /// # Errors
+    /// [`PostError`]; nothing is queued.
+    pub fn post_send(&mut self, _now: Instant, mut wr: SendWr) -> Result<(), PostError> {
+        match self.state {
+            QpState::Rts | QpState::Sqd => {}
+            QpState::Err => {
+                // Verbs allow posting in ERR: the WR completes at once with a flush error.
+                self.push_completion(
+                    CqSide::Send,
+                    Completion::new(wr.wr_id, WcStatus::WrFlushErr, wr.op.wc_opcode(), self.qpn),
+                );
+                return Ok(());
+            }
+            other => return Err(PostError::InvalidState(other)),
+        }
+        if self.sq.len() >= self.cfg.max_send_wr {
+            return Err(PostError::QueueFull);
+        }
+        let ty = self.cfg.qp_type;
+        let supported = match (ty, wr.op) {
+            (QpType::Rc, _) => true,
+            (QpType::Uc, op) => {
+                !op.is_read_or_atomic() && !matches!(op, SendOp::SendWithInv { .. })
+            }
+            (QpType::Ud, op) => matches!(op, SendOp::Send | SendOp::SendWithImm { .. }),
+        };
+        if !supported {
+            return Err(PostError::UnsupportedOp);
+        }
+        if (ty == QpType::Ud) != wr.ud.is_some() {
+            return Err(PostError::InvalidDest);
+        }
+        match &wr.data {
+            SendData::Sges(s) if s.len() > self.cfg.max_sge => return Err(PostError::InvalidSgl),
+            SendData::Inline(d)
+                if d.len() > self.cfg.max_inline_data || wr.op.is_read_or_atomic() =>
+            {
+                return Err(PostError::InvalidSgl)
+            }
+            _ => {}
+        }
+        if wr.op.is_atomic() && wr.len() != 8 {
+            return Err(PostError::InvalidSgl);
+        }
+        if self.cfg.sq_sig_all {
+            wr.signaled = true;
+        }
+        let len = wr.len();
+        let mtu = self.attr.path_mtu.bytes() as u64;
+        let npkts = match wr.op {
+            SendOp::LocalInv { .. } => 0,
+            op if op.is_atomic() => 1,
+            _ => len.div_ceil(mtu).max(1) as u32,
+        };
+        self.sq.push_back(SendWqe {
+            wr,
+            len,
+            first_psn: None,
+            npkts,
+            read_pkts_done: 0,
+            all_sent: false,
+            error: None,
+        });
+        self.invariants();
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    ///
+    /// # Errors
+    /// [`PostError`]; nothing is queued.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        if self.state == QpState::Reset {
+            return Err(PostError::InvalidState(self.state));
+        }
+        if wr.sges.len() > self.cfg.max_sge {
+            return Err(PostError::InvalidSgl);
+        }
+        let max = self.cfg.max_recv_wr;
+        match &mut self.rq {
+            RecvQueue::Shared(_) => Err(PostError::HasSrq),
+            RecvQueue::Own(_) if self.state == QpState::Err => {
+                self.push_completion(
+                    CqSide::Recv,
+                    Completion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn),
+                );
+                Ok(())
+            }
+            RecvQueue::Own(q) if q.len() >= max => Err(PostError::QueueFull),
+            RecvQueue::Own(q) => {
+                q.push_back(wr);
+                Ok(())
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ inputs --
+
+    /// Feeds a received packet addressed to this QP (the BTH DestQP matched). `packet` was
+    /// parsed and its ICRC verified by the transport.
+    pub fn handle_packet(&mut self, now: Instant, packet: &PacketRepr<'_>, meta: &RecvMeta) {
+        self.handle_packet_inner(now, packet, meta);
+        self.invariants();
+    }
+
+    fn handle_packet_inner(&mut self, now: Instant, packet: &PacketRepr<'_>, meta: &RecvMeta) {
+        if !matches!(
+            self.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        ) {
+            self.stats.drop_state += 1;
+            return;
+        }
+        if !packet.bth.pkey.matches(PKey::DEFAULT) {
+            self.stats.drop_pkey += 1;
+            return;
+        }
+        let Some(info) = packet.bth.opcode.info() else {
+            self.stats.drop_opcode += 1;
+            return;
+        };
+        let transport_ok = matches!(
+            (self.cfg.qp_type, packet.bth.opcode.transport()),
+            (QpType::Rc, roce_wire::opcode::Transport::Rc)
+                | (QpType::Uc, roce_wire::opcode::Transport::Uc)
+                | (QpType::Ud, roce_wire::opcode::Transport::Ud)
+        );
+        if !transport_ok {
+            self.stats.drop_opcode += 1;
+            return;
+        }
+        if self.cfg.qp_type != QpType::Ud && meta.sgid != self.attr.ah.dgid {
+            self.stats.drop_address += 1;
+            return;
+        }
+        self.stats.rx_packets += 1;
+        self.stats.rx_bytes += packet.payload.len() as u64;
+        match self.cfg.qp_type {
+            QpType::Ud => self.ud_receive(packet, meta),
+            _ if info.is_response() => {
+                if self.cfg.qp_type == QpType::Rc {
+                    self.rc_handle_response(now, packet);
+                } else {
+                    self.stats.drop_opcode += 1;
+                }
+            }
+            _ => self.handle_request(now, packet),
+        }
+    }
+
+    /// Fires the timers whose deadline is at or before `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.timers.take_expired(Timer::Rnr, now) {
+            self.rnr_timer_fired(now);
+        }
+        if self.timers.take_expired(Timer::AckTimeout, now) {
+            self.ack_timer_fired(now);
+        }
+        self.invariants();
+    }
+
+    // ----------------------------------------------------------------- outputs --
+
+    /// The next packet to send, written into `buf` (UDP payload: BTH .. ICRC, the ICRC field
+    /// zero). `buf` must hold the path MTU plus 64 bytes of headers and trailer.
+    #[must_use]
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        let t = self.poll_transmit_inner(now, buf);
+        if let Some(t) = &t {
+            self.stats.tx_packets += 1;
+            let _ = t;
+        }
+        self.invariants();
+        t
+    }
+
+    fn poll_transmit_inner(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        if self.cfg.qp_type != QpType::Ud {
+            // Responses first: they unblock the peer.
+            if let Some(len) = self.next_response(buf) {
+                return Some(self.transmit(len, self.attr.ah));
+            }
+        }
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return None;
+        }
+        match self.cfg.qp_type {
+            QpType::Ud => self.ud_next(now, buf),
+            _ => self
+                .next_request(now, buf)
+                .map(|len| self.transmit(len, self.attr.ah)),
+        }
+    }
+
+    pub(crate) fn transmit(&self, len: usize, ah: AddressHandle) -> Transmit {
+        Transmit {
+            len,
+            ah,
+            udp_sport: self.udp_sport,
+        }
+    }
+
+    /// The earliest timer deadline, if any: call [`Self::handle_timeout`] then.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next_timeout()
+    }
+
+    /// The next work completion and the CQ it belongs to.
+    #[must_use]
+    pub fn poll_completion(&mut self) -> Option<(CqSide, Completion)> {
+        self.completions.pop_front()
+    }
+
+    /// The next asynchronous event.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<Event> {
+        if let RecvQueue::Shared(s) = &self.rq {
+            if s.take_limit_event() {
+                return Some(Event::SrqLimitReached);
+            }
+        }
+        self.events.pop_front()
+    }
+
+    // ---------------------------------------------------------------- internal --
+
+    pub(crate) fn push_completion(&mut self, side: CqSide, c: Completion) {
+        self.completions.push_back((side, c));
+    }
+
+    /// Completes the front send WQE (successfully or not) if it is signaled or failed.
+    pub(crate) fn complete_front(&mut self, status: WcStatus) {
+        let Some(w) = self.sq.pop_front() else { return };
+        self.req.front_removed(&w);
+        if w.wr.signaled || status != WcStatus::Success {
+            let mut c = Completion::new(w.wr.wr_id, status, w.wr.op.wc_opcode(), self.qpn);
+            if status == WcStatus::Success {
+                c.byte_len = u32::try_from(w.len).unwrap_or(u32::MAX);
+            }
+            self.push_completion(CqSide::Send, c);
+        }
+        if self.state == QpState::Sqd {
+            self.check_sq_drained();
+        }
+    }
+
+    pub(crate) fn check_sq_drained(&mut self) {
+        if self.state == QpState::Sqd && self.sq.is_empty() {
+            self.events.push_back(Event::SqDrained);
+        }
+    }
+
+    /// Moves to ERR: flushes every outstanding WR. `cause` is the status of the error that
+    /// caused it (`None` for a modify to ERR).
+    pub(crate) fn enter_error(&mut self, cause: Option<WcStatus>) {
+        if self.state == QpState::Err {
+            return;
+        }
+        self.state = QpState::Err;
+        self.timers.clear();
+        while let Some(w) = self.sq.pop_front() {
+            self.req.front_removed(&w);
+            let status = w.error.unwrap_or(WcStatus::WrFlushErr);
+            self.push_completion(
+                CqSide::Send,
+                Completion::new(w.wr.wr_id, status, w.wr.op.wc_opcode(), self.qpn),
+            );
+        }
+        if let Some(w) = self.resp.take_current_recv() {
+            self.push_completion(
+                CqSide::Recv,
+                Completion::new(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn),
+            );
+        }
+        if let RecvQueue::Own(q) = &mut self.rq {
+            let flushed: Vec<RecvWr> = q.drain(..).collect();
+            for w in flushed {
+                self.push_completion(
+                    CqSide::Recv,
+                    Completion::new(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn),
+                );
+            }
+        }
+        self.resp.clear_pending_except_naks();
+        if let Some(status) = cause {
+            self.events.push_back(Event::QpFatal(status));
+        }
+    }
+
+    /// A send WQE failed locally or remotely: complete it with `status`, then RC goes to ERR
+    /// (flushing the rest) and UC/UD to SQE.
+    pub(crate) fn fail_front(&mut self, status: WcStatus) {
+        self.complete_front(status);
+        match self.cfg.qp_type {
+            QpType::Rc => self.enter_error(Some(status)),
+            _ => {
+                self.state = QpState::Sqe;
+                self.events.push_back(Event::SendQueueError);
+            }
+        }
+    }
+
+    fn reset(&mut self) {
+        let srq = match &self.rq {
+            RecvQueue::Shared(s) => Some(s.clone()),
+            RecvQueue::Own(_) => None,
+        };
+        let fresh = Self::new(self.qpn, self.cfg, self.mem.clone(), srq);
+        *self = Self {
+            stats: self.stats,
+            ..fresh
+        };
+    }
+
+    pub(crate) fn access_allows(&self, needed: Access) -> bool {
+        self.attr.access_flags.contains(needed)
+    }
+
+    /// Checks the cross-field invariants after every input (debug builds only).
+    pub(crate) fn invariants(&self) {
+        #[cfg(debug_assertions)]
+        {
+            assert!(
+                self.sq.len() <= self.cfg.max_send_wr + 1,
+                "send queue over capacity"
+            );
+            // Assigned PSNs are consecutive along the send queue.
+            let mut prev: Option<Psn> = None;
+            for w in &self.sq {
+                match (prev, w.first_psn) {
+                    (Some(p), Some(f)) => {
+                        assert_eq!(f, p, "PSNs of consecutive WQEs must be contiguous");
+                        prev = Some(f.add(w.npkts));
+                    }
+                    (None, Some(f)) => prev = Some(f.add(w.npkts)),
+                    (_, None) => break,
+                }
+                assert!(w.read_pkts_done <= w.npkts);
+            }
+            if self.state == QpState::Err {
+                assert!(self.sq.is_empty(), "ERR holds no send WQE");
+                assert!(self.timers.next_timeout().is_none(), "ERR arms no timer");
+            }
+            if self.state == QpState::Reset {
+                assert!(self.sq.is_empty());
+            }
+            let _ = (Msn::new(0), QKey::new(0), QueueError::Full);
+        }
+    }
+}
+
+/// rxe's create-time UDP source port hash: `hash_32(qpn, 14)`.
+const fn hash_qpn(qpn: u32) -> u16 {
+    (qpn.wrapping_mul(0x61C8_8647) >> (32 - 14)) as u16
+}
+
+/// The UDP source port for a connection (rdma-core/kernel `rdma_get_udp_sport`): symmetric in
+/// the two QPNs, so both ends use the same port.
+pub fn udp_sport_for(flow_label: u32, lqpn: Qpn, rqpn: Qpn) -> u16 {
+    let mut fl = flow_label & 0xF_FFFF;
+    if fl == 0 {
+        let mut v = u64::from(lqpn.value()) * u64::from(rqpn.value());
+        v ^= v >> 20;
+        v ^= v >> 40;
+        fl = (v & 0xF_FFFF) as u32;
+    }
+    (((fl & 0x3FFF) ^ ((fl & 0xF_C000) >> 14)) | 0xC000) as u16
+}

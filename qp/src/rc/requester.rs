@@ -1,0 +1,360 @@
+//! RC (and UC) requester: segments send WRs into packets, assigns PSNs, sets AckReq, enforces
+//! the in-flight and READ/atomic limits, and rewinds for go-back-N retransmission.
+//!
+//! **Read first:** IBTA vol. 1, 9.5 (transaction ordering), 9.7.1 (PSN), 9.7.4 (requester),
+//! our spec digest 6 and 7; Linux `rxe_req.c`.
+//!
+//! Rules implemented here:
+//! - a message of L bytes is one ONLY packet if L <= PMTU, else FIRST, MIDDLE*, LAST; FIRST
+//!   and MIDDLE carry exactly one PMTU; RETH only on WRITE FIRST/ONLY; ImmDt/IETH only on
+//!   LAST/ONLY (9.7.5.1);
+//! - each request packet takes one PSN, a READ REQUEST takes one per response packet (9.7.1);
+//! - AckReq on the last/only packet of every message and every `ack_req_every` packets (RC);
+//! - go-back-N: after a timeout or a sequence NAK at PSN p, transmission resumes at p,
+//!   restarting a partially acknowledged message at the packet for p and re-requesting only
+//!   the missing part of a READ (rxe `req_retry`).
+
+use roce_mr::Access;
+use roce_wire::{atomic_eth, bth, ieth, immdt, reth, Ext, Opcode, Psn};
+
+use super::emit_in_place;
+use crate::qp::{QueuePair, SendWqe};
+use crate::time::Instant;
+use crate::timer::Timer;
+use crate::verbs::{QpType, SendData, SendOp, WcStatus};
+
+/// Requester state.
+#[derive(Debug, Default)]
+pub(crate) struct Requester {
+    /// PSN of the next packet to send.
+    pub(crate) next_psn: Psn,
+    /// Highest PSN ever assigned + 1: packets before it are retransmissions.
+    pub(crate) high_psn: Psn,
+    /// Index in the send queue of the WQE being sent.
+    pub(crate) cur: usize,
+    /// Packet index inside that WQE.
+    pub(crate) cur_pkt: u32,
+    /// Last PSN acknowledged (cumulative).
+    pub(crate) acked_psn: Psn,
+    /// Retries left for timeouts and sequence NAKs.
+    pub(crate) retry_left: u8,
+    /// Retries left for RNR NAKs (7 = infinite).
+    pub(crate) rnr_retry_left: u8,
+    /// Packets since the last AckReq.
+    pub(crate) since_ack_req: u32,
+    /// Waiting for the RNR timer: send nothing.
+    pub(crate) rnr_wait: bool,
+}
+
+impl Requester {
+    pub(crate) fn reset(&mut self, sq_psn: Psn) {
+        self.next_psn = sq_psn;
+        self.high_psn = sq_psn;
+        self.acked_psn = sq_psn.sub(1);
+        self.cur = 0;
+        self.cur_pkt = 0;
+        self.rnr_wait = false;
+        self.since_ack_req = 0;
+    }
+
+    /// The front WQE left the send queue.
+    pub(crate) fn front_removed(&mut self, _w: &SendWqe) {
+        if self.cur > 0 {
+            self.cur -= 1;
+        } else {
+            self.cur_pkt = 0;
+        }
+    }
+}
+
+/// The local ACK timeout: 4.096 us x 2^timeout (`None` for 0 = infinite).
+pub(crate) fn ack_timeout_ns(timeout: u8) -> Option<u64> {
+    (timeout != 0).then(|| 4_096u64 << timeout.min(31))
+}
+
+fn opcode_for(op: SendOp, first: bool, last: bool, uc: bool) -> Opcode {
+    let base: u8 = match (op, first, last) {
+        (SendOp::Send, true, true) => 0x04,
+        (SendOp::SendWithImm { .. }, true, true) => 0x05,
+        (SendOp::SendWithInv { .. }, true, true) => 0x17,
+        (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, true, false) => {
+            0x00
+        }
+        (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, false, false) => {
+            0x01
+        }
+        (SendOp::Send, false, true) => 0x02,
+        (SendOp::SendWithImm { .. }, false, true) => 0x03,
+        (SendOp::SendWithInv { .. }, false, true) => 0x16,
+        (SendOp::RdmaWrite { .. }, true, true) => 0x0A,
+        (SendOp::RdmaWriteWithImm { .. }, true, true) => 0x0B,
+        (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, true, false) => 0x06,
+        (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, false, false) => 0x07,
+        (SendOp::RdmaWrite { .. }, false, true) => 0x08,
+        (SendOp::RdmaWriteWithImm { .. }, false, true) => 0x09,
+        (SendOp::RdmaRead { .. }, ..) => 0x0C,
+        (SendOp::AtomicCmpAndSwp { .. }, ..) => 0x13,
+        (SendOp::AtomicFetchAndAdd { .. }, ..) => 0x14,
+        (SendOp::LocalInv { .. }, ..) => 0x15,
+    };
+    Opcode::from_u8(if uc { base + 0x20 } else { base })
+}
+
+impl QueuePair {
+    /// Oldest PSN not yet acknowledged, if any packet is outstanding.
+    pub(crate) fn una_psn(&self) -> Option<Psn> {
+        let w = self.sq.front()?;
+        let first = w.first_psn?;
+        if w.wr.op.is_read_or_atomic() {
+            return Some(first.add(w.read_pkts_done));
+        }
+        let acked = self.req.acked_psn;
+        if acked.diff(first) >= 0 && acked.diff(first.add(w.npkts)) < 0 {
+            Some(acked.next())
+        } else {
+            Some(first)
+        }
+    }
+
+    /// Whether any request packet is outstanding (sent, not acknowledged).
+    pub(crate) fn has_outstanding(&self) -> bool {
+        self.una_psn()
+            .is_some_and(|una| self.req.high_psn.diff(una) > 0)
+    }
+
+    fn arm_ack_timer(&mut self, now: Instant) {
+        if self.cfg.qp_type != QpType::Rc || self.timers.is_set(Timer::AckTimeout) {
+            return;
+        }
+        if let Some(ns) = ack_timeout_ns(self.attr.timeout) {
+            self.timers.set(
+                Timer::AckTimeout,
+                Instant::from_nanos(now.as_nanos().saturating_add(ns)),
+            );
+        }
+    }
+
+    /// Builds the next request packet into `buf`; returns its length.
+    pub(crate) fn next_request(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        if self.req.rnr_wait {
+            return None;
+        }
+        loop {
+            let cur = self.req.cur;
+            let w = self.sq.get(cur)?;
+            if let SendOp::LocalInv { key } = w.wr.op {
+                // Local operations run in order: only once everything before them completed.
+                if cur != 0 {
+                    return None;
+                }
+                let status = match self.mem.invalidate_local(self.qpn, key) {
+                    Ok(()) => WcStatus::Success,
+                    Err(s) => s,
+                };
+                if status == WcStatus::Success {
+                    self.complete_front(status);
+                } else {
+                    self.fail_front(status);
+                }
+                continue;
+            }
+            if w.first_psn.is_none() && self.state == crate::verbs::QpState::Sqd {
+                return None; // SQD: finish what is in flight, start nothing new.
+            }
+            if self.cfg.qp_type == QpType::Rc {
+                if let Some(una) = self.una_psn() {
+                    if self.req.next_psn.diff(una) >= self.cfg.max_inflight_packets as i32 {
+                        return None;
+                    }
+                }
+                if w.wr.op.is_read_or_atomic() && self.req.cur_pkt == 0 {
+                    let outstanding = self
+                        .sq
+                        .iter()
+                        .take(cur)
+                        .filter(|w| w.wr.op.is_read_or_atomic())
+                        .count();
+                    if outstanding >= usize::from(self.attr.max_rd_atomic.max(1)) {
+                        return None;
+                    }
+                }
+            }
+            return self.build_request(now, buf);
+        }
+    }
+
+    fn build_request(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        let cur = self.req.cur;
+        let mtu = self.attr.path_mtu.bytes() as u64;
+        let uc = self.cfg.qp_type == QpType::Uc;
+        let psn = self.req.next_psn;
+        let w = &mut self.sq[cur];
+        if w.first_psn.is_none() {
+            w.first_psn = Some(psn);
+        }
+        let pkt = self.req.cur_pkt;
+        let op = w.wr.op;
+        let npkts = w.npkts;
+        let first = pkt == 0;
+        let last = pkt + 1 >= npkts;
+        let mut b = bth::Repr::new(opcode_for(op, first, last, uc), self.attr.dest_qpn, psn);
+        b.pkey = roce_wire::PKey::DEFAULT;
+        let mut ext = Ext::default();
+        let offset = u64::from(pkt) * mtu;
+        let (payload_len, psn_span) = match op {
+            SendOp::RdmaRead { remote_addr, rkey } => {
+                let remaining = w.len - offset.min(w.len);
+                ext.reth = Some(reth::Repr {
+                    va: remote_addr.wrapping_add(offset),
+                    rkey,
+                    dma_len: u32::try_from(remaining).unwrap_or(u32::MAX),
+                });
+                b.ack_req = true;
+                (0, npkts - pkt)
+            }
+            SendOp::AtomicCmpAndSwp {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                ext.atomic_eth = Some(atomic_eth::Repr {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: swap,
+                    compare,
+                });
+                b.ack_req = true;
+                (0, 1)
+            }
+            SendOp::AtomicFetchAndAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
+                ext.atomic_eth = Some(atomic_eth::Repr {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: add,
+                    compare: 0,
+                });
+                b.ack_req = true;
+                (0, 1)
+            }
+            _ => {
+                if first {
+                    if let SendOp::RdmaWrite { remote_addr, rkey }
+                    | SendOp::RdmaWriteWithImm {
+                        remote_addr, rkey, ..
+                    } = op
+                    {
+                        ext.reth = Some(reth::Repr {
+                            va: remote_addr,
+                            rkey,
+                            dma_len: u32::try_from(w.len).unwrap_or(u32::MAX),
+                        });
+                    }
+                }
+                if last {
+                    match op {
+                        SendOp::SendWithImm { imm } | SendOp::RdmaWriteWithImm { imm, .. } => {
+                            ext.immdt = Some(immdt::Repr { data: imm });
+                        }
+                        SendOp::SendWithInv { rkey } => ext.ieth = Some(ieth::Repr { rkey }),
+                        _ => {}
+                    }
+                    b.solicited = w.wr.solicited
+                        && matches!(
+                            op,
+                            SendOp::Send
+                                | SendOp::SendWithImm { .. }
+                                | SendOp::SendWithInv { .. }
+                                | SendOp::RdmaWriteWithImm { .. }
+                        );
+                }
+                b.ack_req = !uc && (last || self.req.since_ack_req + 1 >= self.cfg.ack_req_every);
+                ((w.len - offset.min(w.len)).min(mtu) as usize, 1)
+            }
+        };
+        let data = &w.wr.data;
+        let mem = &self.mem;
+        let result = emit_in_place(buf, b, ext, payload_len, |out| match data {
+            SendData::Inline(d) => {
+                out.copy_from_slice(&d[offset as usize..offset as usize + out.len()]);
+                Ok(())
+            }
+            SendData::Sges(sges) => mem.gather(sges, offset, out),
+        });
+        let len = match result {
+            Ok(len) => len,
+            Err(status) => {
+                // Local protection error reading the send buffer: the WQE fails in order.
+                self.sq[cur].error = Some(status);
+                if cur == 0 {
+                    self.fail_front(status);
+                } else {
+                    self.enter_error(Some(status));
+                }
+                return None;
+            }
+        };
+        // Advance.
+        if self.req.next_psn.diff(self.req.high_psn) < 0 {
+            self.stats.retransmitted_packets += 1;
+        }
+        self.req.next_psn = psn.add(psn_span);
+        if self.req.next_psn.diff(self.req.high_psn) > 0 {
+            self.req.high_psn = self.req.next_psn;
+        }
+        self.req.since_ack_req = if b.ack_req {
+            0
+        } else {
+            self.req.since_ack_req + 1
+        };
+        self.stats.tx_bytes += payload_len as u64;
+        let done = last || op.is_read_or_atomic();
+        if done {
+            self.sq[cur].all_sent = true;
+            self.req.cur += 1;
+            self.req.cur_pkt = 0;
+        } else {
+            self.req.cur_pkt += 1;
+        }
+        if uc {
+            if done {
+                // UC has no acknowledgements: a WR completes once its last packet is out.
+                self.complete_front(WcStatus::Success);
+            }
+        } else {
+            self.arm_ack_timer(now);
+        }
+        let _ = Access::LOCAL_WRITE;
+        Some(len)
+    }
+
+    /// Go-back-N: resume transmission at `psn` (which must be outstanding).
+    pub(crate) fn go_back(&mut self, psn: Psn) {
+        for (i, w) in self.sq.iter().enumerate() {
+            let (Some(first), Some(last)) = (w.first_psn, w.last_psn()) else {
+                break;
+            };
+            if psn.diff(first) >= 0 && psn.diff(last) <= 0 {
+                self.req.cur = i;
+                self.req.cur_pkt = psn.diff(first) as u32;
+                self.req.next_psn = psn;
+                return;
+            }
+        }
+        // Nothing outstanding at that PSN: resume at the first WQE not fully sent.
+        let i = self
+            .sq
+            .iter()
+            .position(|w| !w.all_sent)
+            .unwrap_or(self.sq.len());
+        self.req.cur = i;
+        self.req.cur_pkt = 0;
+        if let Some(p) = self.sq.get(i).and_then(|w| w.first_psn) {
+            self.req.next_psn = p;
+        }
+    }
+}

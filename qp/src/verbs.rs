@@ -1,0 +1,389 @@
+//! The verbs object model as plain data: work requests, completions, address handles, QP
+//! attributes. Names and numbers follow rdma-core's `verbs.h`.
+
+use roce_wire::{Gid, LKey, QKey, Qpn, RKey};
+
+pub use roce_mr::WcStatus;
+
+/// Queue pair transport type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpType {
+    /// Reliable connected.
+    Rc,
+    /// Unreliable connected.
+    Uc,
+    /// Unreliable datagram.
+    Ud,
+}
+
+/// Queue pair state (`enum ibv_qp_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum QpState {
+    /// 0: just created or reset; drops everything.
+    Reset,
+    /// 1: accepts receive WRs, no traffic.
+    Init,
+    /// 2: ready to receive: answers requests, sends nothing of its own.
+    Rtr,
+    /// 3: ready to send: full operation.
+    Rts,
+    /// 4: send queue drained: finishes in-flight requests, starts no new ones.
+    Sqd,
+    /// 5: send queue error (UC/UD only).
+    Sqe,
+    /// 6: error: everything flushed, traffic dropped.
+    Err,
+}
+
+impl QpState {
+    /// All states, in `ibv_qp_state` order.
+    pub const ALL: [Self; 7] = [
+        Self::Reset,
+        Self::Init,
+        Self::Rtr,
+        Self::Rts,
+        Self::Sqd,
+        Self::Sqe,
+        Self::Err,
+    ];
+}
+
+/// Path MTU: payload bytes per packet (`enum ibv_mtu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mtu {
+    /// 256 bytes.
+    Mtu256 = 1,
+    /// 512 bytes.
+    Mtu512 = 2,
+    /// 1024 bytes.
+    Mtu1024 = 3,
+    /// 2048 bytes.
+    Mtu2048 = 4,
+    /// 4096 bytes.
+    Mtu4096 = 5,
+}
+
+impl Mtu {
+    /// Payload bytes.
+    pub const fn bytes(self) -> usize {
+        128 << (self as u32)
+    }
+    /// From payload bytes (256, 512, 1024, 2048 or 4096).
+    pub const fn from_bytes(n: usize) -> Option<Self> {
+        match n {
+            256 => Some(Self::Mtu256),
+            512 => Some(Self::Mtu512),
+            1024 => Some(Self::Mtu1024),
+            2048 => Some(Self::Mtu2048),
+            4096 => Some(Self::Mtu4096),
+            _ => None,
+        }
+    }
+    /// The largest path MTU that fits an interface MTU (rxe: netdev MTU minus 80 bytes of
+    /// headers; 1500 gives 1024, 9000 gives 4096).
+    pub const fn for_netdev_mtu(mtu: usize) -> Option<Self> {
+        let room = mtu.saturating_sub(80);
+        if room >= 4096 {
+            Some(Self::Mtu4096)
+        } else if room >= 2048 {
+            Some(Self::Mtu2048)
+        } else if room >= 1024 {
+            Some(Self::Mtu1024)
+        } else if room >= 512 {
+            Some(Self::Mtu512)
+        } else if room >= 256 {
+            Some(Self::Mtu256)
+        } else {
+            None
+        }
+    }
+}
+
+/// An address vector: where a QP's packets go (RoCEv2: a GID is an IP address).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AddressHandle {
+    /// Destination GID.
+    pub dgid: Gid,
+    /// Index of the source GID in the port's GID table.
+    pub sgid_index: u8,
+    /// IP hop limit / TTL.
+    pub hop_limit: u8,
+    /// IP traffic class / TOS (DSCP and ECN).
+    pub traffic_class: u8,
+    /// IPv6 flow label (also the UDP source port entropy).
+    pub flow_label: u32,
+}
+
+impl AddressHandle {
+    /// An address handle to `dgid` with rxe's defaults (hop limit 64, traffic class 0).
+    pub const fn new(dgid: Gid) -> Self {
+        Self {
+            dgid,
+            sgid_index: 0,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+        }
+    }
+}
+
+/// A scatter/gather element: `length` bytes at `addr` (an IOVA) in the region of `lkey`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Sge {
+    /// Address (IOVA) in the region.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the region.
+    pub lkey: LKey,
+}
+
+/// The operation of a send work request (`enum ibv_wr_opcode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SendOp {
+    /// SEND.
+    Send,
+    /// SEND with immediate data.
+    SendWithImm {
+        /// Immediate data.
+        imm: u32,
+    },
+    /// SEND with invalidate: the responder invalidates `rkey`.
+    SendWithInv {
+        /// Remote key to invalidate.
+        rkey: RKey,
+    },
+    /// RDMA WRITE.
+    RdmaWrite {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: RKey,
+    },
+    /// RDMA WRITE with immediate data (consumes a receive WR at the responder).
+    RdmaWriteWithImm {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: RKey,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// RDMA READ into the local SGEs.
+    RdmaRead {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: RKey,
+    },
+    /// 8-byte compare and swap; the original value lands in the local SGE.
+    AtomicCmpAndSwp {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: RKey,
+        /// Compare value.
+        compare: u64,
+        /// Swap value.
+        swap: u64,
+    },
+    /// 8-byte fetch and add; the original value lands in the local SGE.
+    AtomicFetchAndAdd {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: RKey,
+        /// Value to add.
+        add: u64,
+    },
+    /// Invalidate a local key (no packet).
+    LocalInv {
+        /// The key to invalidate.
+        key: u32,
+    },
+}
+
+impl SendOp {
+    /// Whether the operation uses the RC read/atomic resources (limited by max_rd_atomic).
+    pub const fn is_read_or_atomic(self) -> bool {
+        matches!(
+            self,
+            Self::RdmaRead { .. } | Self::AtomicCmpAndSwp { .. } | Self::AtomicFetchAndAdd { .. }
+        )
+    }
+    /// Whether the operation is an atomic.
+    pub const fn is_atomic(self) -> bool {
+        matches!(
+            self,
+            Self::AtomicCmpAndSwp { .. } | Self::AtomicFetchAndAdd { .. }
+        )
+    }
+    /// The work-completion opcode of this operation.
+    pub const fn wc_opcode(self) -> WcOpcode {
+        match self {
+            Self::Send | Self::SendWithImm { .. } | Self::SendWithInv { .. } => WcOpcode::Send,
+            Self::RdmaWrite { .. } | Self::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+            Self::RdmaRead { .. } => WcOpcode::RdmaRead,
+            Self::AtomicCmpAndSwp { .. } => WcOpcode::CompSwap,
+            Self::AtomicFetchAndAdd { .. } => WcOpcode::FetchAdd,
+            Self::LocalInv { .. } => WcOpcode::LocalInv,
+        }
+    }
+}
+
+/// The destination of a UD send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UdDest {
+    /// Where to send.
+    pub ah: AddressHandle,
+    /// Remote QPN.
+    pub remote_qpn: Qpn,
+    /// Remote Q_Key (bit 31 set: use the QP's own Q_Key).
+    pub remote_qkey: QKey,
+}
+
+/// The data of a send: gathered from registered memory, or copied at post time (inline).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SendData {
+    /// Scatter/gather list (for READ and atomics: where the result lands).
+    Sges(Vec<Sge>),
+    /// Inline data, copied when posted (not for READ or atomics).
+    Inline(Vec<u8>),
+}
+
+/// A send work request (`struct ibv_send_wr`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendWr {
+    /// Caller's identifier, returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// The data.
+    pub data: SendData,
+    /// Generate a completion on success (errors always complete).
+    pub signaled: bool,
+    /// Ask for a solicited event at the receiver (SE bit).
+    pub solicited: bool,
+    /// UD only: destination.
+    pub ud: Option<UdDest>,
+}
+
+impl SendWr {
+    /// A signaled work request with a scatter/gather list.
+    pub fn new(wr_id: u64, op: SendOp, sges: Vec<Sge>) -> Self {
+        Self {
+            wr_id,
+            op,
+            data: SendData::Sges(sges),
+            signaled: true,
+            solicited: false,
+            ud: None,
+        }
+    }
+
+    /// Total length of the data.
+    pub fn len(&self) -> u64 {
+        match &self.data {
+            SendData::Sges(s) => s.iter().map(|s| u64::from(s.length)).sum(),
+            SendData::Inline(d) => d.len() as u64,
+        }
+    }
+
+    /// Whether there is no data.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A receive work request (`struct ibv_recv_wr`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Caller's identifier, returned in the completion.
+    pub wr_id: u64,
+    /// Where incoming data lands.
+    pub sges: Vec<Sge>,
+}
+
+impl RecvWr {
+    /// Total capacity.
+    pub fn len(&self) -> u64 {
+        self.sges.iter().map(|s| u64::from(s.length)).sum()
+    }
+    /// Whether the receive has no room at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Work completion opcode (`enum ibv_wc_opcode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// A SEND completed.
+    Send,
+    /// An RDMA WRITE completed.
+    RdmaWrite,
+    /// An RDMA READ completed.
+    RdmaRead,
+    /// A compare and swap completed.
+    CompSwap,
+    /// A fetch and add completed.
+    FetchAdd,
+    /// A local invalidate completed.
+    LocalInv,
+    /// A receive completed (incoming SEND).
+    Recv,
+    /// A receive consumed by an RDMA WRITE with immediate.
+    RecvRdmaWithImm,
+}
+
+/// A work completion (`struct ibv_wc`). On error only `wr_id`, `status` and `qp_num` are
+/// meaningful.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The work request's identifier.
+    pub wr_id: u64,
+    /// Status.
+    pub status: WcStatus,
+    /// Opcode.
+    pub opcode: WcOpcode,
+    /// Bytes transferred (receives: bytes written, including the 40-byte GRH area for UD).
+    pub byte_len: u32,
+    /// Immediate data, if any.
+    pub imm_data: Option<u32>,
+    /// The rkey a SEND with invalidate invalidated.
+    pub invalidated_rkey: Option<RKey>,
+    /// The local QP.
+    pub qp_num: Qpn,
+    /// UD receives: the sender's QPN.
+    pub src_qp: Qpn,
+    /// UD receives: the first 40 bytes of the buffer hold the network header.
+    pub grh: bool,
+    /// Receives: the sender asked for a solicited event.
+    pub solicited: bool,
+}
+
+impl Completion {
+    pub(crate) const fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: Qpn) -> Self {
+        Self {
+            wr_id,
+            status,
+            opcode,
+            byte_len: 0,
+            imm_data: None,
+            invalidated_rkey: None,
+            qp_num,
+            src_qp: Qpn::new(0),
+            grh: false,
+            solicited: false,
+        }
+    }
+}
+
+/// Which of the two completion queues of a QP a completion goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CqSide {
+    /// The send CQ.
+    Send,
+    /// The receive CQ.
+    Recv,
+}

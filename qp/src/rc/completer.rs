@@ -125,7 +125,14 @@ impl QueuePair {
             self.stats.drop_psn += 1;
             return;
         }
+        let before = self.req.acked_psn;
         self.ack_through(psn.sub(1));
+        if self.req.acked_psn != before {
+            // The NAK acknowledged new packets: that is progress, and the retry budget counts
+            // consecutive failures only (rxe resets it when a WQE completes).
+            self.req.retry_left = self.attr.retry_cnt;
+            self.req.rnr_retry_left = self.attr.rnr_retry;
+        }
         if self.req.retry_left == 0 {
             self.fail_front(WcStatus::RetryExcErr);
             return;
@@ -210,13 +217,15 @@ impl QueuePair {
         } else {
             packet.payload.len() == mtu && (packet.payload.len() as u64) < remaining
         };
-        if !len_ok
-            || (w.read_pkts_done == 0)
-                != matches!(
-                    packet.bth.opcode,
-                    Opcode::RcRdmaReadResponseFirst | Opcode::RcRdmaReadResponseOnly
-                )
-        {
+        // A re-requested partial READ gets a new FIRST/ONLY stream from its first missing PSN
+        // (rxe `req_retry`), so FIRST/ONLY may come at any point; only a MIDDLE/LAST before
+        // any data is out of place. The lengths pin the rest down.
+        let middle_first = w.read_pkts_done == 0
+            && matches!(
+                packet.bth.opcode,
+                Opcode::RcRdmaReadResponseMiddle | Opcode::RcRdmaReadResponseLast
+            );
+        if !len_ok || middle_first {
             self.stats.drop_length += 1;
             self.fail_front(WcStatus::BadRespErr);
             return;
@@ -237,8 +246,7 @@ impl QueuePair {
         }
         if is_last {
             self.complete_front(WcStatus::Success);
-            // Later SEND/WRITE WQEs acknowledged by this response's AETH are covered by
-            // later ACKs; nothing else to do.
+            self.complete_covered();
         }
         self.progress_made(now);
     }
@@ -271,7 +279,19 @@ impl QueuePair {
             self.req.acked_psn = psn;
         }
         self.complete_front(WcStatus::Success);
+        self.complete_covered();
         self.progress_made(now);
+    }
+
+    /// After a READ or atomic completed: WQEs behind it that an earlier (reordered) ACK
+    /// already covered complete now; a READ/atomic behind it that the ACK covered lost its
+    /// response and is retried.
+    fn complete_covered(&mut self) {
+        if !self.ack_through(self.req.acked_psn) {
+            if let Some(una) = self.una_psn() {
+                self.go_back(una);
+            }
+        }
     }
 
     pub(crate) fn ack_timer_fired(&mut self, now: Instant) {

@@ -276,8 +276,28 @@ impl Node {
     }
 }
 
-#[derive(Debug)]
+/// One packet offered to a link, as the trace records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceEntry {
+    /// 0 = A to B, 1 = B to A.
+    pub dir: usize,
+    /// Opcode.
+    pub opcode: roce_wire::Opcode,
+    /// PSN.
+    pub psn: Psn,
+    /// AETH syndrome, if any.
+    pub syndrome: Option<roce_wire::aeth::Syndrome>,
+    /// AETH MSN, if any.
+    pub msn: Option<roce_wire::Msn>,
+    /// Whether the drop filter removed it.
+    pub filtered: bool,
+}
+
+/// Decides whether to drop a packet (by its parsed form) before the link's own faults.
+pub type DropFilter = Box<dyn FnMut(&roce_wire::PacketRepr<'_>) -> bool + Send>;
+
 struct Link {
+    filter: Option<DropFilter>,
     cfg: LinkConfig,
     rng: Rng,
     bad: bool,
@@ -306,6 +326,7 @@ pub struct LinkStats {
 impl Link {
     fn new(cfg: LinkConfig, seed: u64) -> Self {
         Self {
+            filter: None,
             cfg,
             rng: Rng::new(seed),
             bad: false,
@@ -364,6 +385,15 @@ impl Link {
     }
 }
 
+impl core::fmt::Debug for Link {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Link")
+            .field("cfg", &self.cfg)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Two connected QPs over a simulated network.
 #[derive(Debug)]
 pub struct Pair {
@@ -375,6 +405,8 @@ pub struct Pair {
     pub now: Instant,
     /// The configuration (its seed replays the run).
     pub cfg: PairConfig,
+    /// Every packet offered to either link, in order.
+    pub trace: Vec<TraceEntry>,
     links: [Link; 2],
     buf: Vec<u8>,
 }
@@ -404,6 +436,7 @@ impl Pair {
             b,
             now: Instant::ZERO,
             cfg,
+            trace: Vec::new(),
             links,
             buf: vec![0u8; 4096 + 128],
         }
@@ -412,6 +445,25 @@ impl Pair {
     /// Link statistics, A -> B and B -> A.
     pub fn link_stats(&self) -> [LinkStats; 2] {
         [self.links[0].stats, self.links[1].stats]
+    }
+
+    /// Drops every packet of direction `dir` (0 = A to B) for which `filter` returns true.
+    pub fn drop_matching(&mut self, dir: usize, filter: DropFilter) {
+        self.links[dir].filter = Some(filter);
+    }
+
+    /// Removes the drop filter of direction `dir`.
+    pub fn clear_filter(&mut self, dir: usize) {
+        self.links[dir].filter = None;
+    }
+
+    /// The trace entries of direction `dir` that were not filtered.
+    pub fn sent(&self, dir: usize) -> Vec<TraceEntry> {
+        self.trace
+            .iter()
+            .filter(|t| t.dir == dir && !t.filtered)
+            .copied()
+            .collect()
     }
 
     /// Replaces the faults of both links from now on.
@@ -465,8 +517,25 @@ impl Pair {
                 let Some(t) = node.qp.poll_transmit(now, &mut self.buf) else {
                     break;
                 };
-                let frame = Self::frame_for(src, dst, t.udp_sport, &self.buf[..t.len]);
-                self.links[i].offer(now, frame);
+                let bytes = &self.buf[..t.len];
+                let mut filtered = false;
+                if let Ok(p) = roce_wire::PacketRepr::parse(bytes) {
+                    if let Some(f) = self.links[i].filter.as_mut() {
+                        filtered = f(&p);
+                    }
+                    self.trace.push(TraceEntry {
+                        dir: i,
+                        opcode: p.bth.opcode,
+                        psn: p.bth.psn,
+                        syndrome: p.ext.aeth.map(|a| a.syndrome),
+                        msn: p.ext.aeth.map(|a| a.msn),
+                        filtered,
+                    });
+                }
+                if !filtered {
+                    let frame = Self::frame_for(src, dst, t.udp_sport, bytes);
+                    self.links[i].offer(now, frame);
+                }
                 progress = true;
             }
             node.drain_completions();

@@ -38,7 +38,7 @@ impl Add<Duration> for Instant {
     }
 }
 
-impl Sub<Instant> for Instant {
+impl Sub<Self> for Instant {
     type Output = Duration;
     fn sub(self, earlier: Self) -> Duration {
         self.saturating_duration_since(earlier)

@@ -15,57 +15,55 @@ pub const GRH_LEN: usize = 40;
 
 impl QueuePair {
     pub(crate) fn ud_next(&mut self, _now: Instant, buf: &mut [u8]) -> Option<Transmit> {
-        loop {
-            let w = self.sq.front()?;
-            let ud = w.wr.ud?;
-            let mtu = self.attr.path_mtu.bytes() as u64;
-            if w.len > mtu {
-                // A UD message is one packet: longer than the path MTU is a local length error.
-                self.fail_front(WcStatus::LocLenErr);
-                return None;
+        let w = self.sq.front()?;
+        let ud = w.wr.ud?;
+        let mtu = self.attr.path_mtu.bytes() as u64;
+        if w.len > mtu {
+            // A UD message is one packet: longer than the path MTU is a local length error.
+            self.fail_front(WcStatus::LocLenErr);
+            return None;
+        }
+        let qkey = if ud.remote_qkey.is_controlled() {
+            self.attr.qkey
+        } else {
+            ud.remote_qkey
+        };
+        let (opcode, immdt) = match w.wr.op {
+            SendOp::SendWithImm { imm } => (
+                Opcode::UdSendOnlyWithImmediate,
+                Some(immdt::Repr { data: imm }),
+            ),
+            _ => (Opcode::UdSendOnly, None),
+        };
+        let mut b = bth::Repr::new(opcode, ud.remote_qpn, self.req.next_psn);
+        b.solicited = w.wr.solicited;
+        let ext = Ext {
+            deth: Some(deth::Repr {
+                qkey,
+                src_qp: self.qpn,
+            }),
+            immdt,
+            ..Ext::default()
+        };
+        let mem = &self.mem;
+        let data = &w.wr.data;
+        let r = emit_in_place(buf, b, ext, w.len as usize, |out| match data {
+            SendData::Inline(d) => {
+                out.copy_from_slice(d);
+                Ok(())
             }
-            let qkey = if ud.remote_qkey.is_controlled() {
-                self.attr.qkey
-            } else {
-                ud.remote_qkey
-            };
-            let (opcode, immdt) = match w.wr.op {
-                SendOp::SendWithImm { imm } => (
-                    Opcode::UdSendOnlyWithImmediate,
-                    Some(immdt::Repr { data: imm }),
-                ),
-                _ => (Opcode::UdSendOnly, None),
-            };
-            let mut b = bth::Repr::new(opcode, ud.remote_qpn, self.req.next_psn);
-            b.solicited = w.wr.solicited;
-            let ext = Ext {
-                deth: Some(deth::Repr {
-                    qkey,
-                    src_qp: self.qpn,
-                }),
-                immdt,
-                ..Ext::default()
-            };
-            let mem = &self.mem;
-            let data = &w.wr.data;
-            let r = emit_in_place(buf, b, ext, w.len as usize, |out| match data {
-                SendData::Inline(d) => {
-                    out.copy_from_slice(d);
-                    Ok(())
-                }
-                SendData::Sges(s) => mem.gather(s, 0, out),
-            });
-            match r {
-                Ok(len) => {
-                    self.stats.tx_bytes += w.len;
-                    self.req.next_psn = self.req.next_psn.next();
-                    self.complete_front(WcStatus::Success);
-                    return Some(self.transmit(len, ud.ah));
-                }
-                Err(status) => {
-                    self.fail_front(status);
-                    return None;
-                }
+            SendData::Sges(s) => mem.gather(s, 0, out),
+        });
+        match r {
+            Ok(len) => {
+                self.stats.tx_bytes += w.len;
+                self.req.next_psn = self.req.next_psn.next();
+                self.complete_front(WcStatus::Success);
+                Some(self.transmit(len, ud.ah))
+            }
+            Err(status) => {
+                self.fail_front(status);
+                None
             }
         }
     }

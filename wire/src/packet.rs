@@ -402,7 +402,7 @@ mod tests {
 
     #[test]
     fn errors() {
-        let mut buf = vec![0u8; 24];
+        let mut buf = [0u8; 24];
         bth(Opcode::RcAcknowledge).emit(&mut bth::Packet::new_unchecked(&mut buf[..12]));
         // ACK without room for the AETH.
         assert_eq!(

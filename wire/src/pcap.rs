@@ -151,11 +151,11 @@ pub fn l3_offset(linktype: u32, data: &[u8]) -> Option<usize> {
     match linktype {
         linktype::LINUX_SLL => {
             let proto = u16::from_be_bytes([*data.get(14)?, *data.get(15)?]);
-            matches!(proto, 0x0800 | 0x86DD).then_some(16)
+            (matches!(proto, 0x0800 | 0x86DD) && data.len() > 16).then_some(16)
         }
         linktype::LINUX_SLL2 => {
             let proto = u16::from_be_bytes([*data.first()?, *data.get(1)?]);
-            matches!(proto, 0x0800 | 0x86DD).then_some(20)
+            (matches!(proto, 0x0800 | 0x86DD) && data.len() > 20).then_some(20)
         }
         linktype::RAW
         | linktype::RAW_OPENBSD
@@ -223,5 +223,20 @@ mod tests {
         assert!(read_capture(&b"not a capture at all"[..]).is_err());
         assert_eq!(l3_offset(linktype::LINUX_SLL, &[0; 10]), None);
         assert_eq!(l3_offset(999, &[0; 100]), None);
+        // Short cooked frames (found by fuzzing): no offset past the end, no panic.
+        assert_eq!(l3_offset(linktype::LINUX_SLL2, &[0x08, 0x00, 0, 0]), None);
+        assert_eq!(
+            l3_offset(
+                linktype::LINUX_SLL,
+                &[0; 14]
+                    .iter()
+                    .chain(&[0x08, 0x00])
+                    .copied()
+                    .collect::<Vec<_>>()
+            ),
+            None
+        );
+        let caps = Caps::default();
+        assert!(parse_link(linktype::LINUX_SLL2, &[0x86, 0xDD, 1], &caps).is_err());
     }
 }

@@ -139,7 +139,7 @@ pub fn replay(path: &Path) -> io::Result<Vec<StreamReport>> {
         let expected: Vec<ResponseShape> = pkts
             .iter()
             .filter(|o| o.src == responder_ip && o.dst == requester_ip)
-            .filter_map(|o| parse(o))
+            .filter_map(parse)
             .filter(|p| {
                 p.bth.dest_qp == requester_qpn
                     && p.bth.opcode.info().is_some_and(|i| i.is_response())

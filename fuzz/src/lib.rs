@@ -198,10 +198,14 @@ pub mod seeds {
             .filter_map(|e| e.ok().map(|e| e.path()))
             .collect();
         paths.sort();
-        paths.into_iter().filter_map(|p| std::fs::read(p).ok()).collect()
+        paths
+            .into_iter()
+            .filter_map(|p| std::fs::read(p).ok())
+            .collect()
     }
 
-    /// The seed inputs (including [`regressions`]), deduplicated and in a stable order, and how many came from captures.
+    /// The seed inputs (including [`regressions`]), deduplicated and in a stable order, and
+    /// how many came from captures.
     /// Unreadable capture files are reported on stderr and skipped.
     pub fn corpus(captures: &Path) -> (Vec<Vec<u8>>, usize) {
         let mut set = BTreeSet::new();

@@ -27,9 +27,22 @@ use std::time::{Duration, Instant};
 
 use roce_fuzz::{seeds, wire_parse, wire_roundtrip};
 
-const TARGETS: [(&str, fn(&[u8])); 2] = [
-    ("wire_parse", wire_parse),
-    ("wire_roundtrip", wire_roundtrip),
+/// A fuzz target: its name and body.
+#[derive(Clone, Copy)]
+struct Target {
+    name: &'static str,
+    run: fn(&[u8]),
+}
+
+const TARGETS: [Target; 2] = [
+    Target {
+        name: "wire_parse",
+        run: wire_parse,
+    },
+    Target {
+        name: "wire_roundtrip",
+        run: wire_roundtrip,
+    },
 ];
 
 /// Longest input the mutator produces (a jumbo frame).
@@ -39,7 +52,7 @@ const USAGE: &str = "usage: roce-fuzz-stable [--target wire_parse|wire_roundtrip
 [--seconds N] [--seed N] [--iteration N] [--input HEX] [--write-corpus DIR]";
 
 struct Args {
-    targets: Vec<(&'static str, fn(&[u8]))>,
+    targets: Vec<Target>,
     seconds: u64,
     seed: u64,
     iteration: Option<u64>,
@@ -62,10 +75,14 @@ fn main() -> ExitCode {
     }
     if let Some(input) = &args.input {
         let mut ok = true;
-        for (name, target) in &args.targets {
-            ok &= run_one(name, *target, input, None);
+        for t in &args.targets {
+            ok &= run_one(t.name, t.run, input, None);
         }
-        return if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+        return if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
     }
     eprintln!(
         "seed corpus: {} inputs ({from_captures} capture frames from {}, plus samples)",
@@ -78,10 +95,10 @@ fn main() -> ExitCode {
     }
     // Panics are reported by `run_one`; keep the default hook's message but only once.
     let mut failed = false;
-    for (name, target) in &args.targets {
+    for &Target { name, run: target } in &args.targets {
         // Every seed unmutated first: a regression there is the cheapest to read.
         for input in &corpus {
-            if !run_one(name, *target, input, None) {
+            if !run_one(name, target, input, None) {
                 return ExitCode::FAILURE;
             }
         }
@@ -100,7 +117,7 @@ fn main() -> ExitCode {
             let mut rng = Rng::new(args.seed, iteration);
             mutate(&mut rng, &corpus, &mut input);
             iterations += 1;
-            if !run_one(name, *target, &input, Some((args.seed, iteration))) {
+            if !run_one(name, target, &input, Some((args.seed, iteration))) {
                 failed = true;
                 break;
             }
@@ -140,8 +157,8 @@ fn run_one(name: &str, target: fn(&[u8]), input: &[u8], origin: Option<(u64, u64
 }
 
 fn write_corpus(dir: &std::path::Path, corpus: &[Vec<u8>]) -> ExitCode {
-    for (name, _) in TARGETS {
-        let sub = dir.join(name);
+    for t in TARGETS {
+        let sub = dir.join(t.name);
         if let Err(e) = std::fs::create_dir_all(&sub) {
             eprintln!("{}: {e}", sub.display());
             return ExitCode::from(2);
@@ -154,7 +171,11 @@ fn write_corpus(dir: &std::path::Path, corpus: &[Vec<u8>]) -> ExitCode {
             }
         }
     }
-    println!("wrote {} seeds per target under {}", corpus.len(), dir.display());
+    println!(
+        "wrote {} seeds per target under {}",
+        corpus.len(),
+        dir.display()
+    );
     ExitCode::SUCCESS
 }
 
@@ -174,7 +195,7 @@ fn parse_args() -> Result<Args, String> {
             "--target" => {
                 let v = value()?;
                 if v != "all" {
-                    args.targets = TARGETS.iter().copied().filter(|(n, _)| *n == v).collect();
+                    args.targets = TARGETS.iter().copied().filter(|t| t.name == v).collect();
                     if args.targets.is_empty() {
                         return Err(format!("unknown target {v}"));
                     }
@@ -369,7 +390,10 @@ fn fix_icrc(data: &mut [u8]) {
     use roce_wire::{Caps, Check, Frame};
     let none = Caps { icrc: Check::None };
     let (start, len) = if let Ok(f) = Frame::parse_ethernet(data, &none) {
-        (f.ip_packet.as_ptr() as usize - data.as_ptr() as usize, f.ip_packet.len())
+        (
+            f.ip_packet.as_ptr() as usize - data.as_ptr() as usize,
+            f.ip_packet.len(),
+        )
     } else if let Ok(f) = Frame::parse_ip(data, &none) {
         (0, f.ip_packet.len())
     } else {

@@ -259,7 +259,6 @@ mod tests {
     use super::*;
 
     #[test]
-    #[ignore = "wire bug: pcap::l3_offset(LINUX_SLL2) does not check the length (issue 2 report)"]
     fn regressions_pass() {
         for input in seeds::regressions() {
             wire_parse(&input);

@@ -58,9 +58,13 @@ fn parse_emit_by_size(c: &mut Criterion) {
             });
         });
         let udp_payload = &frame[ETH_IPV4_UDP_LEN..];
-        g.bench_with_input(BenchmarkId::new("packet_parse", size), udp_payload, |b, p| {
-            b.iter(|| PacketRepr::parse(black_box(p)).unwrap().payload.len());
-        });
+        g.bench_with_input(
+            BenchmarkId::new("packet_parse", size),
+            udp_payload,
+            |b, p| {
+                b.iter(|| PacketRepr::parse(black_box(p)).unwrap().payload.len());
+            },
+        );
         let repr = frame_repr();
         let payload = roce_wire::samples::pattern(size);
         let packet = roce_benches::wire::send_only_packet(&payload);

@@ -47,7 +47,11 @@ fn main() {
         });
         row(&format!("crc32fast/{size}"), covered.len(), base);
         row(&format!("icrc::compute/{size}"), covered.len(), ours);
-        println!("{:40} icrc speed / crc32fast speed = {:.3}", "", base / ours);
+        println!(
+            "{:40} icrc speed / crc32fast speed = {:.3}",
+            "",
+            base / ours
+        );
     }
     println!("# parse / emit, RC SEND_ONLY (bytes = Ethernet frame)");
     for size in PAYLOAD_SIZES {
@@ -59,7 +63,11 @@ fn main() {
                 black_box(f.packet().unwrap());
             })
         };
-        row(&format!("frame/parse_icrc/{size}"), n, parse(Caps::default()));
+        row(
+            &format!("frame/parse_icrc/{size}"),
+            n,
+            parse(Caps::default()),
+        );
         row(&format!("frame/parse_no_icrc/{size}"), n, parse(NO_ICRC));
         let udp = &frame[ETH_IPV4_UDP_LEN..];
         let ns = best(|| {

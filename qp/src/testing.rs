@@ -126,6 +126,8 @@ pub struct PairConfig {
     pub access: Access,
     /// QP capacities.
     pub qp: QpConfig,
+    /// Give B a shared receive queue of this depth instead of its own receive queue.
+    pub b_srq: Option<usize>,
 }
 
 impl PairConfig {
@@ -147,6 +149,7 @@ impl PairConfig {
                 | Access::REMOTE_READ
                 | Access::REMOTE_ATOMIC,
             qp: QpConfig::new(qp_type),
+            b_srq: None,
         }
     }
     /// The same faults on both directions.
@@ -199,14 +202,22 @@ pub struct Node {
     pub send_cq: Vec<Completion>,
     /// Receive completions collected so far.
     pub recv_cq: Vec<Completion>,
+    /// The shared receive queue, if the node's QP uses one.
+    pub srq: Option<Arc<crate::cq::SharedReceiveQueue>>,
     next_iova: u64,
 }
 
 impl Node {
-    fn new(qpn: u32, ip: Ipv4Addr, cfg: &PairConfig) -> Self {
+    fn new(qpn: u32, ip: Ipv4Addr, cfg: &PairConfig, srq_depth: Option<usize>) -> Self {
         let table = Arc::new(MrTable::new(1024, cfg.seed ^ u64::from(qpn)));
         let pd = table.alloc_pd();
-        let qp = QueuePair::new(Qpn::new(qpn), cfg.qp, Mem::new(table.clone(), pd), None);
+        let srq = srq_depth.map(|d| Arc::new(crate::cq::SharedReceiveQueue::new(d)));
+        let qp = QueuePair::new(
+            Qpn::new(qpn),
+            cfg.qp,
+            Mem::new(table.clone(), pd),
+            srq.clone(),
+        );
         Self {
             qp,
             table,
@@ -214,6 +225,7 @@ impl Node {
             gid: Gid::from(ip),
             send_cq: Vec::new(),
             recv_cq: Vec::new(),
+            srq,
             next_iova: 0x10_0000,
         }
     }
@@ -421,8 +433,8 @@ impl Pair {
     /// If a modify fails (a bug in the state table).
     pub fn new(cfg: PairConfig) -> Self {
         let mut rng = Rng::new(cfg.seed);
-        let mut a = Node::new(0x11, IP_A, &cfg);
-        let mut b = Node::new(0x12, IP_B, &cfg);
+        let mut a = Node::new(0x11, IP_A, &cfg, None);
+        let mut b = Node::new(0x12, IP_B, &cfg, cfg.b_srq);
         let psn_a = Psn::new(rng.next_u64() as u32);
         let psn_b = Psn::new(rng.next_u64() as u32);
         connect(&mut a.qp, &cfg, b.gid, Qpn::new(0x12), psn_b, psn_a);

@@ -218,3 +218,48 @@ fn acks_are_coalesced_when_several_are_due_at_once() {
     assert_eq!(acks[0].psn, sends[3].psn);
     assert_eq!(acks[0].msn.map(|m| m.value()), Some(4));
 }
+
+#[test]
+fn sends_consume_the_shared_receive_queue_and_fire_its_limit_event() {
+    let mut cfg = PairConfig::new(QpType::Rc, 6);
+    cfg.b_srq = Some(8);
+    let mut pair = Pair::new(cfg);
+    let srq = pair.b.srq.clone().expect("srq");
+    let src = pair.a.register(b"hello srq");
+    let dst = pair.b.register(&[0u8; 64]);
+    for i in 0..4u64 {
+        srq.post_recv(RecvWr {
+            wr_id: 100 + i,
+            sges: vec![dst.sge(16 * i, 16)],
+        })
+        .unwrap();
+    }
+    assert_eq!(
+        pair.b.qp.post_recv(RecvWr {
+            wr_id: 1,
+            sges: vec![]
+        }),
+        Err(roce_qp::PostError::HasSrq)
+    );
+    srq.arm_limit(2);
+    for i in 0..3u64 {
+        pair.a
+            .qp
+            .post_send(pair.now, SendWr::new(i, SendOp::Send, vec![src.sge(0, 9)]))
+            .unwrap();
+    }
+    assert!(pair.drive_bounded(10_000));
+    assert_eq!(pair.a.send_completions().len(), 3);
+    let rc = pair.b.recv_completions();
+    assert_eq!(
+        rc.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+        vec![100, 101, 102]
+    );
+    assert_eq!(srq.len(), 1);
+    assert_eq!(
+        pair.b.qp.poll_event(),
+        Some(roce_qp::Event::SrqLimitReached)
+    );
+    assert_eq!(pair.b.qp.poll_event(), None);
+    assert_eq!(&pair.b.read(&dst)[32..41], b"hello srq");
+}

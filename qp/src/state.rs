@@ -440,9 +440,43 @@ pub fn check_modify(
     Ok(())
 }
 
+/// The transition table of a QP type as a Graphviz DOT graph (edges labelled with their
+/// required attributes), for documentation and review.
+pub fn dot(ty: QpType) -> String {
+    let mut out = format!("digraph qp_{ty:?} {{\n");
+    for from in QpState::ALL {
+        for to in QpState::ALL {
+            if let Some((required, _)) = transition_attrs(ty, from, to) {
+                out += &format!("  {from:?} -> {to:?} [label=\"{required:?}\"];\n");
+            }
+        }
+    }
+    out += "}\n";
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dot_graph_has_every_allowed_edge() {
+        let g = dot(QpType::Rc);
+        assert!(g.starts_with("digraph qp_Rc {"));
+        assert_eq!(
+            g.matches("->").count(),
+            21,
+            "the x cells of the RC matrix snapshot"
+        );
+        assert!(
+            g.contains("Reset -> Init [label=\"{ACCESS_FLAGS, PKEY_INDEX, PORT}\"]"),
+            "{g}"
+        );
+        assert!(g.contains("Rtr -> Rts"));
+        assert!(!g.contains("Reset -> Err"));
+        assert!(!g.contains("Sqe -> Rts"), "RC goes to ERR, never SQE");
+        assert!(dot(QpType::Ud).contains("Sqe -> Rts"));
+    }
 
     /// Snapshot of the state x state matrix for each type: `.` not allowed, `x` allowed.
     #[test]

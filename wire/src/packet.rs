@@ -349,44 +349,9 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "alloc")]
     fn every_opcode_roundtrips() {
-        let ext_for = |set: ExtHeaders| Ext {
-            deth: set.contains(ExtHeaders::DETH).then_some(deth::Repr {
-                qkey: QKey::new(0x1111_1111),
-                src_qp: Qpn::new(7),
-            }),
-            feth: set.contains(ExtHeaders::FETH).then_some(feth::Repr {
-                placement: 1,
-                selectivity: 0,
-            }),
-            reth: set.contains(ExtHeaders::RETH).then_some(reth::Repr {
-                va: 0x1000,
-                rkey: RKey::new(0x1234),
-                dma_len: 3,
-            }),
-            atomic_eth: set
-                .contains(ExtHeaders::ATOMIC_ETH)
-                .then_some(atomic_eth::Repr {
-                    va: 0x2000,
-                    rkey: RKey::new(5),
-                    swap_add: 9,
-                    compare: 8,
-                }),
-            aeth: set.contains(ExtHeaders::AETH).then_some(aeth::Repr {
-                syndrome: Syndrome::ACK_UNLIMITED,
-                msn: Msn::new(3),
-            }),
-            atomic_ack_eth: set
-                .contains(ExtHeaders::ATOMIC_ACK_ETH)
-                .then_some(atomic_ack_eth::Repr { orig: 77 }),
-            immdt: set
-                .contains(ExtHeaders::IMMDT)
-                .then_some(immdt::Repr { data: 0xabcd }),
-            ieth: set.contains(ExtHeaders::IETH).then_some(ieth::Repr {
-                rkey: RKey::new(0x99),
-            }),
-            cnp: set.contains(ExtHeaders::CNP).then_some(cnp::Repr),
-        };
+        let ext_for = crate::samples::ext_for;
         for &op in Opcode::ALL {
             let info = op.info().unwrap();
             let payload: &[u8] = if info.payload { b"abcde" } else { b"" };

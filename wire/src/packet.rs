@@ -325,8 +325,7 @@ impl fmt::Display for PacketRepr<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aeth::Syndrome;
-    use crate::{Msn, PKey, Psn, QKey, Qpn, RKey};
+    use crate::{PKey, Psn, Qpn, RKey};
 
     fn bth(op: Opcode) -> bth::Repr {
         bth::Repr::new(op, Qpn::new(0x11), Psn::new(42))

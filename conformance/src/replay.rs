@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use roce_mr::{Access, Key, MrTable};
+use roce_mr::{Access, MrTable};
 use roce_qp::state::{AttrMask, QpAttr};
 use roce_qp::verbs::{AddressHandle, Mtu, QpState, QpType, RecvWr, Sge};
 use roce_qp::{Instant, Mem, QpConfig, QueuePair, RecvMeta};
@@ -285,6 +285,5 @@ fn run_stream(
             }
         }
     }
-    let _ = Key(0);
     out
 }

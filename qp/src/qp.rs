@@ -19,9 +19,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use roce_mr::Access;
-use roce_wire::{Msn, PKey, PacketRepr, Psn, QKey, Qpn};
+use roce_wire::{PKey, PacketRepr, Psn, Qpn};
 
-use crate::cq::{QueueError, SharedReceiveQueue};
+use crate::cq::SharedReceiveQueue;
 use crate::mem::Mem;
 use crate::state::{check_modify, AttrMask, ModifyError, QpAttr};
 use crate::time::Instant;
@@ -520,7 +520,7 @@ impl QueuePair {
                     self.stats.drop_opcode += 1;
                 }
             }
-            _ => self.handle_request(now, packet),
+            _ => self.handle_request(packet),
         }
     }
 
@@ -530,7 +530,7 @@ impl QueuePair {
             self.rnr_timer_fired(now);
         }
         if self.timers.take_expired(Timer::AckTimeout, now) {
-            self.ack_timer_fired(now);
+            self.ack_timer_fired();
         }
         self.invariants();
     }
@@ -542,9 +542,8 @@ impl QueuePair {
     #[must_use]
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         let t = self.poll_transmit_inner(now, buf);
-        if let Some(t) = &t {
+        if t.is_some() {
             self.stats.tx_packets += 1;
-            let _ = t;
         }
         self.invariants();
         t
@@ -721,7 +720,6 @@ impl QueuePair {
             if self.state == QpState::Reset {
                 assert!(self.sq.is_empty());
             }
-            let _ = (Msn::new(0), QKey::new(0), QueueError::Full);
         }
     }
 }

@@ -15,7 +15,7 @@
 //! as in the kernel.
 
 use roce_mr::Access;
-use roce_wire::{PKey, Psn, QKey, Qpn};
+use roce_wire::{Psn, QKey, Qpn};
 
 use crate::verbs::{AddressHandle, Mtu, QpState, QpType};
 
@@ -432,11 +432,8 @@ pub fn check_modify(
     if mask.contains(M::MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > 128 {
         return Err(ModifyError::BadValue("max_dest_rd_atomic above 128"));
     }
-    if mask.contains(M::QKEY) && attr.qkey.is_controlled() && ty == QpType::Ud {
-        // Controlled Q_Keys are for privileged consumers; our stack has no privilege model,
-        // so it allows them (rxe: EPERM without CAP_NET_RAW). Documented, not refused.
-    }
-    let _ = PKey::DEFAULT;
+    // Controlled Q_Keys (bit 31) are for privileged consumers; this stack has no privilege
+    // model, so it allows them (rxe: EPERM without CAP_NET_RAW).
     Ok(())
 }
 

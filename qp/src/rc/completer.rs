@@ -24,7 +24,7 @@ use roce_wire::{Opcode, PacketRepr, Psn};
 use crate::qp::QueuePair;
 use crate::time::Instant;
 use crate::timer::Timer;
-use crate::verbs::{CqSide, SendData, SendOp, WcStatus};
+use crate::verbs::{SendData, SendOp, WcStatus};
 
 impl QueuePair {
     pub(crate) fn rc_handle_response(&mut self, now: Instant, packet: &PacketRepr<'_>) {
@@ -35,7 +35,7 @@ impl QueuePair {
                 match aeth.syndrome {
                     Syndrome::Ack { .. } => self.on_ack(now, psn),
                     Syndrome::RnrNak { timer } => self.on_rnr_nak(now, psn, timer),
-                    Syndrome::Nak(NakCode::PsnSequenceError) => self.on_seq_nak(now, psn),
+                    Syndrome::Nak(NakCode::PsnSequenceError) => self.on_seq_nak(psn),
                     Syndrome::Nak(code) => self.on_fatal_nak(psn, code),
                     Syndrome::Reserved(_) => self.stats.drop_opcode += 1,
                 }
@@ -119,7 +119,7 @@ impl QueuePair {
         }
     }
 
-    fn on_seq_nak(&mut self, now: Instant, psn: Psn) {
+    fn on_seq_nak(&mut self, psn: Psn) {
         self.stats.seq_naks_received += 1;
         if !self.psn_outstanding(psn) {
             self.stats.drop_psn += 1;
@@ -141,7 +141,6 @@ impl QueuePair {
         let resume = self.una_psn().unwrap_or(psn);
         self.go_back(resume);
         self.timers.stop(Timer::AckTimeout);
-        let _ = now;
     }
 
     fn on_rnr_nak(&mut self, now: Instant, psn: Psn, timer: u8) {
@@ -294,7 +293,7 @@ impl QueuePair {
         }
     }
 
-    pub(crate) fn ack_timer_fired(&mut self, now: Instant) {
+    pub(crate) fn ack_timer_fired(&mut self) {
         if !self.has_outstanding() {
             return;
         }
@@ -307,7 +306,6 @@ impl QueuePair {
         if let Some(una) = self.una_psn() {
             self.go_back(una);
         }
-        let _ = (now, CqSide::Send);
     }
 
     pub(crate) fn rnr_timer_fired(&mut self, _now: Instant) {

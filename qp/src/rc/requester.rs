@@ -14,7 +14,6 @@
 //!   restarting a partially acknowledged message at the packet for p and re-requesting only
 //!   the missing part of a READ (rxe `req_retry`).
 
-use roce_mr::Access;
 use roce_wire::{atomic_eth, bth, ieth, immdt, reth, Ext, Opcode, Psn};
 
 use super::emit_in_place;
@@ -328,7 +327,6 @@ impl QueuePair {
         } else {
             self.arm_ack_timer(now);
         }
-        let _ = Access::LOCAL_WRITE;
         Some(len)
     }
 

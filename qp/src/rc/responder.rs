@@ -28,7 +28,6 @@ use roce_wire::{aeth, atomic_ack_eth, bth, Ext, Msn, Opcode, PacketRepr, Psn, RK
 use super::emit_in_place;
 use crate::mem::{AtomicOp, MemError};
 use crate::qp::QueuePair;
-use crate::time::Instant;
 use crate::verbs::{Completion, CqSide, QpType, RecvWr, WcOpcode, WcStatus};
 
 /// A message being received.
@@ -168,7 +167,7 @@ fn from_mem(e: MemError) -> Reject {
 }
 
 impl QueuePair {
-    pub(crate) fn handle_request(&mut self, now: Instant, packet: &PacketRepr<'_>) {
+    pub(crate) fn handle_request(&mut self, packet: &PacketRepr<'_>) {
         if self.cfg.qp_type == QpType::Uc {
             self.uc_request(packet);
             return;
@@ -226,7 +225,6 @@ impl QueuePair {
                 self.enter_error(Some(status));
             }
         }
-        let _ = now;
     }
 
     fn check_length(&self, packet: &PacketRepr<'_>, position: Position) -> Result<(), Reject> {
@@ -240,12 +238,9 @@ impl QueuePair {
         if ok {
             Ok(())
         } else {
-            self.stats_len_error();
             Err(INV_REQ)
         }
     }
-
-    fn stats_len_error(&self) {}
 
     /// Executes an in-sequence RC request (psn == expected).
     fn execute(&mut self, packet: &PacketRepr<'_>) -> Result<(), Reject> {

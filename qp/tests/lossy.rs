@@ -295,3 +295,32 @@ fn dead_link_exhausts_retries_then_flushes() {
         pair.now
     );
 }
+
+/// Regression: a late ACK completed the WQE that go-back-N was resending; the next WQE then
+/// went out with PSNs shifted by one and the responder answered with NAK invalid request.
+#[test]
+fn ack_completing_the_wqe_being_resent_keeps_psns_right() {
+    let link = LinkConfig {
+        loss: 0.055_323_182_098_754_8,
+        burst_start: 0.003_871_590_939_482_8,
+        burst_end: 0.5,
+        duplicate: 0.060_431_949_996_812_74,
+        reorder: 0.088_365_276_253_534_06,
+        reorder_delay_ns: 50_000,
+        corrupt: 0.010_850_220_060_819_624,
+        delay_ns: 5_000,
+        jitter_ns: 4_273,
+    };
+    let ops = [
+        Op::FetchAdd(365),
+        Op::FetchAdd(572),
+        Op::Send(4163),
+        Op::FetchAdd(863),
+        Op::Write(2121),
+        Op::FetchAdd(925),
+        Op::FetchAdd(946),
+        Op::Send(3459),
+        Op::Send(334),
+    ];
+    run(6_768_484_453_934_119_276, link, &ops);
+}

@@ -186,12 +186,13 @@ impl QueuePair {
         let cur = self.req.cur;
         let mtu = self.attr.path_mtu.bytes() as u64;
         let uc = self.cfg.qp_type == QpType::Uc;
-        let psn = self.req.next_psn;
         let w = &mut self.sq[cur];
-        if w.first_psn.is_none() {
-            w.first_psn = Some(psn);
-        }
         let pkt = self.req.cur_pkt;
+        // A packet's PSN is its WQE's first PSN plus its index, always: deriving it (rather
+        // than trusting `next_psn`) keeps it right when an ACK completes the WQE being resent
+        // and the cursor moves on to the next one.
+        let first_psn = *w.first_psn.get_or_insert(self.req.next_psn);
+        let psn = first_psn.add(pkt);
         let op = w.wr.op;
         let npkts = w.npkts;
         let first = pkt == 0;

@@ -135,15 +135,16 @@ impl Mem {
         })
     }
 
-    /// Checks a remote access of `len` bytes at `va` without touching memory.
-    pub(crate) fn check_remote(
+    /// The one remote entry point: checks `rkey` for `len` bytes at `va` with `needed`
+    /// rights on QP `qpn`, mapping a refusal to the NAK to answer with.
+    fn remote(
         &self,
         qpn: Qpn,
         rkey: RKey,
         va: u64,
         len: u64,
         needed: Access,
-    ) -> Result<(), MemError> {
+    ) -> Result<roce_mr::Checked<'_>, MemError> {
         self.table
             .check(
                 Origin::Remote { qpn: qpn.value() },
@@ -153,8 +154,19 @@ impl Mem {
                 len,
                 needed,
             )
-            .map(drop)
             .map_err(|e| nak_of(&e))
+    }
+
+    /// Checks a remote access of `len` bytes at `va` without touching memory.
+    pub(crate) fn check_remote(
+        &self,
+        qpn: Qpn,
+        rkey: RKey,
+        va: u64,
+        len: u64,
+        needed: Access,
+    ) -> Result<(), MemError> {
+        self.remote(qpn, rkey, va, len, needed).map(drop)
     }
 
     /// An incoming RDMA WRITE's payload.
@@ -165,17 +177,7 @@ impl Mem {
         va: u64,
         data: &[u8],
     ) -> Result<(), MemError> {
-        let c = self
-            .table
-            .check(
-                Origin::Remote { qpn: qpn.value() },
-                Key(rkey.value()),
-                self.pd,
-                va,
-                data.len() as u64,
-                Access::REMOTE_WRITE,
-            )
-            .map_err(|e| nak_of(&e))?;
+        let c = self.remote(qpn, rkey, va, data.len() as u64, Access::REMOTE_WRITE)?;
         c.write(0, data).map_err(|e| nak_of(&e))
     }
 
@@ -187,17 +189,7 @@ impl Mem {
         va: u64,
         out: &mut [u8],
     ) -> Result<(), MemError> {
-        let c = self
-            .table
-            .check(
-                Origin::Remote { qpn: qpn.value() },
-                Key(rkey.value()),
-                self.pd,
-                va,
-                out.len() as u64,
-                Access::REMOTE_READ,
-            )
-            .map_err(|e| nak_of(&e))?;
+        let c = self.remote(qpn, rkey, va, out.len() as u64, Access::REMOTE_READ)?;
         c.read(0, out).map_err(|e| nak_of(&e))
     }
 
@@ -209,17 +201,7 @@ impl Mem {
         va: u64,
         op: AtomicOp,
     ) -> Result<u64, MemError> {
-        let c = self
-            .table
-            .check(
-                Origin::Remote { qpn: qpn.value() },
-                Key(rkey.value()),
-                self.pd,
-                va,
-                8,
-                Access::REMOTE_ATOMIC,
-            )
-            .map_err(|e| nak_of(&e))?;
+        let c = self.remote(qpn, rkey, va, 8, Access::REMOTE_ATOMIC)?;
         match op {
             AtomicOp::CompareSwap { compare, swap } => c.compare_swap(compare, swap),
             AtomicOp::FetchAdd { add } => c.fetch_add(add),

@@ -25,6 +25,9 @@
 //! Under `cfg(fuzzing)`, [`verify`] always returns `true`, so fuzzers reach the code behind the
 //! ICRC check without having to forge CRCs.
 
+#[cfg(feature = "alloc")]
+use alloc::{boxed::Box, vec::Vec};
+
 use crate::bth;
 
 /// CRC-32 of eight 0xFF bytes: the running CRC after the masked LRH placeholder.
@@ -147,6 +150,156 @@ pub fn verify(ip_packet: &[u8]) -> bool {
     match compute(ip_packet) {
         Some(icrc) => ip_packet[ip_packet.len() - ICRC_LEN..] == icrc,
         None => false,
+    }
+}
+
+/// Recovers the IPv4 Identification and DF bit of a received packet from its ICRC.
+///
+/// A UDP socket never sees the IP header, but the ICRC covers its Identification (16 bits) and
+/// flags, and Linux rdma_rxe sends a different Identification in every packet. CRC-32 is affine
+/// over GF(2): for messages of equal length, `crc(m ^ e) = crc(m) ^ crc(e) ^ crc(0)`. So with
+/// the 17 unknown bits (Identification and DF) set to zero, the received ICRC differs from the
+/// computed one by a linear combination of 17 fixed 32-bit vectors that depend only on the
+/// packet length. The solver computes those vectors once per length (cached), reduces them to
+/// echelon form, and solves for the unknown bits in at most 17 steps.
+///
+/// # How strong the check is
+///
+/// The 17 vectors span a 17-dimensional subspace of the 2^32 possible differences, so a packet
+/// corrupted anywhere else passes with probability 2^17 / 2^32 = 2^-15 (one in 32768), against
+/// 2^-32 for a full ICRC check. Everything else the ICRC covers (addresses, lengths, ports,
+/// BTH, payload) is still covered; only the 17 unknown bits are taken from the CRC instead of
+/// the header. Backends that see the IP header (`raw`) check all 32 bits.
+#[cfg(feature = "alloc")]
+#[derive(Debug, Default)]
+pub struct Ipv4IdentSolver {
+    /// Echelon bases indexed by IPv4 total length.
+    cache: Vec<Option<Box<IdentBasis>>>,
+}
+
+/// The 17 unknown bits' CRC contributions for one length, in echelon form.
+#[cfg(feature = "alloc")]
+#[derive(Debug)]
+struct IdentBasis {
+    /// `(pivot bit, vector, combination of unknown bits that makes it)`.
+    rows: [(u32, u32, u32); 17],
+}
+
+/// Offset of the IPv4 Identification in the ICRC input (after the 8-byte LRH placeholder).
+const IDENT_OFFSET: usize = 8 + 4;
+/// The longest IPv4 packet a solver caches a basis for.
+#[cfg(feature = "alloc")]
+const MAX_SOLVER_LEN: usize = 16 * 1024;
+
+#[cfg(feature = "alloc")]
+impl Ipv4IdentSolver {
+    /// An empty solver (bases are computed on first use of each packet length).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Finds the Identification and DF bit that make the ICRC of `ip_packet` (an IPv4 header
+    /// without options .. the end of the received ICRC) correct, or `None` if none does (the
+    /// packet is corrupt, is not IPv4, is too short, or is longer than 16 KiB). The
+    /// Identification, flags and fragment-offset bytes of `ip_packet` are ignored; the fragment
+    /// offset and MF are taken as zero.
+    ///
+    /// # Fuzzing
+    /// Under `cfg(fuzzing)` this returns the header's own Identification and DF.
+    pub fn solve(&mut self, ip_packet: &[u8]) -> Option<(u16, bool)> {
+        if ip_packet.len() < 20 + UDP_HEADER + bth::HEADER_LEN + ICRC_LEN
+            || ip_packet[0] != 0x45
+            || ip_packet.len() > MAX_SOLVER_LEN
+        {
+            return None;
+        }
+        if cfg!(fuzzing) {
+            let ident = u16::from_be_bytes([ip_packet[4], ip_packet[5]]);
+            return Some((ident, ip_packet[6] & 0x40 != 0));
+        }
+        let mut header = [0u8; 20];
+        header.copy_from_slice(&ip_packet[..20]);
+        header[4..8].fill(0);
+        let end = ip_packet.len() - ICRC_LEN;
+        let mut icrc = Icrc::start(&header, &ip_packet[20..28], &ip_packet[28..40])?;
+        icrc.update(&ip_packet[40..end]);
+        let base = u32::from_le_bytes(icrc.finish());
+        let mut received = [0u8; ICRC_LEN];
+        received.copy_from_slice(&ip_packet[end..]);
+        let mut delta = u32::from_le_bytes(received) ^ base;
+        let basis = self.basis(ip_packet.len());
+        let mut unknown = 0u32;
+        for &(pivot, vector, combo) in &basis.rows {
+            if pivot != 0 && delta & pivot != 0 {
+                delta ^= vector;
+                unknown ^= combo;
+            }
+        }
+        if delta != 0 {
+            return None;
+        }
+        Some(((unknown & 0xFFFF) as u16, unknown & 0x1_0000 != 0))
+    }
+
+    fn basis(&mut self, ip_len: usize) -> &IdentBasis {
+        if self.cache.len() <= ip_len {
+            self.cache.resize_with(ip_len + 1, || None);
+        }
+        self.cache[ip_len].get_or_insert_with(|| Box::new(IdentBasis::new(ip_len)))
+    }
+}
+
+#[cfg(feature = "alloc")]
+impl IdentBasis {
+    fn new(ip_len: usize) -> Self {
+        // ICRC input: 8-byte placeholder + IP packet without the ICRC.
+        let n = 8 + ip_len - ICRC_LEN;
+        let zeros = [0u8; 256];
+        let crc_with_bit = |byte: Option<(usize, u8)>| {
+            let mut h = crc32fast::Hasher::new();
+            let mut pos = 0;
+            while pos < n {
+                let take = (n - pos).min(zeros.len());
+                match byte {
+                    Some((at, bit)) if at >= pos && at < pos + take => {
+                        let mut chunk = [0u8; 256];
+                        chunk[at - pos] = bit;
+                        h.update(&chunk[..take]);
+                    }
+                    _ => h.update(&zeros[..take]),
+                }
+                pos += take;
+            }
+            h.finalize()
+        };
+        let zero = crc_with_bit(None);
+        let mut rows = [(0u32, 0u32, 0u32); 17];
+        for (k, row) in rows.iter_mut().enumerate() {
+            // Bits 0..16: Identification (big-endian at IDENT_OFFSET); bit 16: DF (0x40 of the
+            // flags byte right after it).
+            let (at, bit) = if k < 16 {
+                (IDENT_OFFSET + 1 - k / 8, 1u8 << (k % 8))
+            } else {
+                (IDENT_OFFSET + 2, 0x40)
+            };
+            *row = (0, crc_with_bit(Some((at, bit))) ^ zero, 1 << k);
+        }
+        // Gaussian elimination: give each row a pivot bit no later row has.
+        for i in 0..rows.len() {
+            let (_, v, _) = rows[i];
+            if v == 0 {
+                continue;
+            }
+            let pivot = 1u32 << (31 - v.leading_zeros());
+            rows[i].0 = pivot;
+            for j in 0..rows.len() {
+                if j != i && rows[j].1 & pivot != 0 {
+                    rows[j].1 ^= rows[i].1;
+                    rows[j].2 ^= rows[i].2;
+                }
+            }
+        }
+        Self { rows }
     }
 }
 
@@ -301,6 +454,43 @@ mod tests {
             icrc.update(&pkt[at..end]);
             prop_assert_eq!(icrc.finish(), icrc_reference(&pkt));
             prop_assert_eq!(compute(&pkt), Some(icrc_reference(&pkt)));
+        }
+    }
+
+    #[cfg(feature = "alloc")]
+    proptest! {
+        #[test]
+        fn ident_solver_recovers_ident_and_df(
+            ident in any::<u16>(), df in any::<bool>(), payload in proptest::collection::vec(any::<u8>(), 0..2048),
+            flip in any::<usize>(),
+        ) {
+            let mut pkt = Vec::new();
+            let total = 20 + 8 + 12 + payload.len() + 4;
+            pkt.extend_from_slice(&[0x45, 0, (total >> 8) as u8, total as u8]);
+            pkt.extend_from_slice(&ident.to_be_bytes());
+            pkt.extend_from_slice(&[if df { 0x40 } else { 0 }, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2]);
+            let udp_len = total - 20;
+            pkt.extend_from_slice(&[0xC0, 0x01, 0x12, 0xB7, (udp_len >> 8) as u8, udp_len as u8, 0, 0]);
+            pkt.extend_from_slice(&[0x04, 0, 0xFF, 0xFF, 0, 0, 0, 0x11, 0x80, 0, 0, 1]);
+            pkt.extend_from_slice(&payload);
+            pkt.extend_from_slice(&[0; 4]);
+            let icrc = compute(&pkt).unwrap();
+            let end = pkt.len() - 4;
+            pkt[end..].copy_from_slice(&icrc);
+            let mut solver = Ipv4IdentSolver::new();
+            // The header's own Identification and flags are ignored.
+            let mut hidden = pkt.clone();
+            hidden[4..8].fill(0);
+            prop_assert_eq!(solver.solve(&hidden), Some((ident, df)));
+            // One flipped bit after the IP header is caught (CRC-32 detects every single-bit
+            // error, so no Identification makes it valid with the true one), except in BTH
+            // byte 4, which the ICRC masks.
+            let pos = 28 + flip % (pkt.len() - 28 - 4);
+            if pos != 28 + 4 {
+                hidden[pos] ^= 0x01;
+                let got = solver.solve(&hidden);
+                prop_assert!(got != Some((ident, df)));
+            }
         }
     }
 }

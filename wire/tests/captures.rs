@@ -122,3 +122,40 @@ fn a_flipped_bit_anywhere_covered_fails_the_icrc() {
         }
     }
 }
+
+/// The IPv4 Identification of every captured rxe packet (rxe increments it per packet) is
+/// recovered from the ICRC alone, as the UDP backend must do.
+#[test]
+fn ipv4_ident_recovered_from_icrc_for_every_captured_frame() {
+    let mut solver = roce_wire::icrc::Ipv4IdentSolver::new();
+    let mut checked = 0;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(captures_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pcap" || x == "pcapng"))
+        .collect();
+    files.sort();
+    let frames = files.iter().flat_map(|path| {
+        let frames = read_capture(std::fs::File::open(path).unwrap()).unwrap();
+        frames
+            .into_iter()
+            .enumerate()
+            .map(move |(i, f)| (format!("{} frame {}", path.display(), i + 1), f))
+    });
+    for (what, cf) in frames {
+        let Ok(frame) = parse_link(cf.linktype, &cf.data, &Caps::default()) else {
+            continue;
+        };
+        let ip = frame.ip_packet;
+        if ip.first() != Some(&0x45) {
+            continue;
+        }
+        let ident = u16::from_be_bytes([ip[4], ip[5]]);
+        let df = ip[6] & 0x40 != 0;
+        let mut hidden = ip.to_vec();
+        hidden[4..8].fill(0);
+        assert_eq!(solver.solve(&hidden), Some((ident, df)), "{what}");
+        checked += 1;
+    }
+    assert!(checked > 600, "only {checked} IPv4 RoCE frames");
+}

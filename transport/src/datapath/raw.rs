@@ -1,0 +1,1 @@
+//! `raw` backend (in progress).

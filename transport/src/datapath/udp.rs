@@ -1,0 +1,1 @@
+//! `udp` backend (in progress).

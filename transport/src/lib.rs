@@ -4,3 +4,5 @@
 //! verbs-like public API.
 
 pub mod datapath;
+pub mod netdev;
+pub mod netns;

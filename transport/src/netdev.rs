@@ -1,0 +1,1 @@
+//! Network interfaces: names, MACs, MTUs and addresses (in progress).

@@ -1,0 +1,1 @@
+//! Network namespaces and veth pairs for tests and benchmarks (in progress).

@@ -363,6 +363,9 @@ pub struct Completion {
 }
 
 impl Completion {
+    /// A placeholder for arrays that [`crate::cq::CompletionQueue::poll_many`] fills.
+    pub const EMPTY: Self = Self::new(0, WcStatus::Success, WcOpcode::Send, Qpn::new(0));
+
     pub(crate) const fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: Qpn) -> Self {
         Self {
             wr_id,

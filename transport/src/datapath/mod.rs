@@ -26,6 +26,7 @@ use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
+pub(crate) mod open;
 pub mod raw;
 pub mod sim;
 pub mod udp;
@@ -47,6 +48,21 @@ pub struct TxDatagram<'a> {
     pub flow_label: u32,
     /// UDP payload: BTH .. ICRC.
     pub payload: &'a [u8],
+}
+
+impl TxDatagram<'_> {
+    /// A placeholder for filling arrays.
+    pub const EMPTY: TxDatagram<'static> = TxDatagram {
+        dst: SocketAddr::V4(std::net::SocketAddrV4::new(
+            std::net::Ipv4Addr::UNSPECIFIED,
+            0,
+        )),
+        src_port: 0,
+        tos: 0,
+        hop_limit: 0,
+        flow_label: 0,
+        payload: &[],
+    };
 }
 
 /// The IPv4 header fields the ICRC covers that a receiver may not otherwise see.

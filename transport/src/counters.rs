@@ -1,0 +1,147 @@
+//! Counters per device and per QP, named like `rdma statistic` shows a NIC's.
+
+use roce_qp::QpStats;
+
+macro_rules! counters {
+    ($(#[$m:meta])* $name:ident { $($(#[doc = $doc:literal])* $field:ident),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct $name {
+            $($(#[doc = $doc])* pub $field: u64,)*
+        }
+
+        impl $name {
+            /// Every counter as `(name, value)`, in declaration order.
+            pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+                [$((stringify!($field), self.$field)),*].into_iter()
+            }
+        }
+    };
+}
+
+counters! {
+    /// Device-level counters: what the engine saw below the QPs.
+    DeviceCounters {
+        /// Datagrams received from the datapath.
+        rx_packets,
+        /// Bytes of those datagrams (UDP payload).
+        rx_bytes,
+        /// Dropped: the ICRC did not verify (for `udp` over IPv4: no IPv4 Identification makes
+        /// it verify).
+        rx_icrc_errors,
+        /// Dropped: not a well-formed RoCEv2 packet.
+        rx_drop_malformed,
+        /// Dropped: no QP with the destination QPN (includes QP1 / CM MADs).
+        rx_drop_no_qp,
+        /// Received with ECN Congestion Experienced.
+        rx_ecn_ce,
+        /// Receive errors from the datapath.
+        rx_errors,
+        /// Datagrams handed to the datapath.
+        tx_packets,
+        /// Bytes of those datagrams.
+        tx_bytes,
+        /// Dropped before sending: the destination's address family differs from ours.
+        tx_drop_address,
+        /// Sends the datapath refused for now (queue full); retried.
+        tx_would_block,
+        /// Datagrams lost to send errors (unreachable network or host...).
+        tx_errors,
+    }
+}
+
+counters! {
+    /// A device's counters with its QPs' summed in, rxe `hw_counters` names where one exists.
+    Counters {
+        /// Packets sent (rxe `sent_pkts`).
+        sent_pkts,
+        /// Packets received and accepted by a QP (rxe `rcvd_pkts`).
+        rcvd_pkts,
+        /// Datagrams handed to the datapath.
+        tx_packets,
+        /// Bytes handed to the datapath.
+        tx_bytes,
+        /// Datagrams received.
+        rx_packets,
+        /// Bytes received.
+        rx_bytes,
+        /// Request packets retransmitted (go-back-N).
+        retransmitted_pkts,
+        /// ACK timeouts (rxe `completer_retry_err` counts the ones that exhausted retries).
+        ack_timeouts,
+        /// Duplicate requests answered (rxe `duplicate_request`).
+        duplicate_request,
+        /// Sequence NAKs sent (rxe `out_of_seq_request`).
+        out_of_seq_request,
+        /// Sequence NAKs received (rxe `rcvd_seq_err`).
+        rcvd_seq_err,
+        /// RNR NAKs sent (rxe `send_rnr_err`).
+        send_rnr_err,
+        /// RNR NAKs received (rxe `rcvd_rnr_err`).
+        rcvd_rnr_err,
+        /// Fatal NAKs sent (invalid request, remote access, remote operational).
+        send_fatal_nak,
+        /// Fatal NAKs received.
+        rcvd_fatal_nak,
+        /// ICRC errors.
+        icrc_errors,
+        /// Malformed packets.
+        malformed,
+        /// Packets for no QP.
+        no_qp,
+        /// Packets a QP dropped (state, P_Key, Q_Key, opcode, PSN, length, no receive WR,
+        /// address).
+        qp_drops,
+        /// ECN CE marks received.
+        ecn_ce,
+        /// Send errors.
+        send_errors,
+    }
+}
+
+impl Counters {
+    /// Sums device counters and QP statistics.
+    pub(crate) fn collect<'a>(
+        dev: &DeviceCounters,
+        qps: impl Iterator<Item = &'a QpStats>,
+    ) -> Self {
+        let mut c = Self {
+            tx_packets: dev.tx_packets,
+            tx_bytes: dev.tx_bytes,
+            rx_packets: dev.rx_packets,
+            rx_bytes: dev.rx_bytes,
+            icrc_errors: dev.rx_icrc_errors,
+            malformed: dev.rx_drop_malformed,
+            no_qp: dev.rx_drop_no_qp,
+            ecn_ce: dev.rx_ecn_ce,
+            send_errors: dev.tx_errors,
+            ..Self::default()
+        };
+        for s in qps {
+            c.add_qp(s);
+        }
+        c
+    }
+
+    fn add_qp(&mut self, s: &QpStats) {
+        self.sent_pkts += s.tx_packets;
+        self.rcvd_pkts += s.rx_packets;
+        self.retransmitted_pkts += s.retransmitted_packets;
+        self.ack_timeouts += s.timeouts;
+        self.duplicate_request += s.duplicate_requests;
+        self.out_of_seq_request += s.seq_naks_sent;
+        self.rcvd_seq_err += s.seq_naks_received;
+        self.send_rnr_err += s.rnr_naks_sent;
+        self.rcvd_rnr_err += s.rnr_naks_received;
+        self.send_fatal_nak += s.fatal_naks_sent;
+        self.rcvd_fatal_nak += s.fatal_naks_received;
+        self.qp_drops += s.drop_state
+            + s.drop_pkey
+            + s.drop_qkey
+            + s.drop_opcode
+            + s.drop_psn
+            + s.drop_length
+            + s.drop_no_recv
+            + s.drop_address;
+    }
+}

@@ -1,0 +1,18 @@
+//! Opening the kernel-backed datapaths, with errors users can act on.
+
+use std::net::IpAddr;
+
+use super::Datapath;
+use crate::error::OpenError;
+
+/// Opens the `udp` backend on `local`:`port`.
+pub(crate) fn udp(local: IpAddr, port: u16) -> Result<Box<dyn Datapath>, OpenError> {
+    let _ = (local, port);
+    Err(OpenError::Unsupported("udp backend not built yet"))
+}
+
+/// Opens the `raw` backend on `ifname` with address `local`.
+pub(crate) fn raw(ifname: &str, local: IpAddr) -> Result<Box<dyn Datapath>, OpenError> {
+    let _ = (ifname, local);
+    Err(OpenError::Unsupported("raw backend not built yet"))
+}

@@ -512,14 +512,8 @@ impl Device {
     /// Device and QP counters, summed.
     pub fn counters(&self) -> Counters {
         let e = self.lock_engine();
-        Counters::collect(
-            &e.counters,
-            e.qps
-                .values()
-                .map(|s| s.qp.stats())
-                .collect::<Vec<_>>()
-                .iter(),
-        )
+        let live: Vec<_> = e.qps.values().map(|s| s.qp.stats()).collect();
+        Counters::collect(&e.counters, live.iter().chain(e.retired.iter()))
     }
 
     /// Device-level counters only.

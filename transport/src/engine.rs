@@ -25,7 +25,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use roce_qp::verbs::CqSide;
-use roce_qp::{Event, Instant as QpInstant, QueuePair, RecvMeta};
+use roce_qp::{Event, Instant as QpInstant, QpStats, QueuePair, RecvMeta};
 use roce_wire::frame::{EthRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr, ROCEV2_PORT};
 use roce_wire::icrc::{Icrc, Ipv4IdentSolver, ICRC_LEN};
 use roce_wire::{Gid, PacketRepr, Qpn};
@@ -106,6 +106,8 @@ pub(crate) struct Engine {
     pub(crate) counters: DeviceCounters,
     pub(crate) events: Vec<AsyncEvent>,
     pub(crate) last_error: Option<String>,
+    /// Statistics of destroyed QPs (device counters keep counting them).
+    pub(crate) retired: Vec<QpStats>,
 }
 
 impl Engine {
@@ -147,6 +149,7 @@ impl Engine {
             counters: DeviceCounters::default(),
             events: Vec::new(),
             last_error: None,
+            retired: Vec::new(),
         }
     }
 
@@ -175,7 +178,14 @@ impl Engine {
     /// Removes a QP (its unsent packets are dropped, as a destroyed QP's would be).
     pub(crate) fn remove(&mut self, qpn: u32) -> Option<QpSlot> {
         self.order.retain(|&q| q != qpn);
-        self.qps.remove(&qpn)
+        let slot = self.qps.remove(&qpn)?;
+        // Fold the statistics into one retired entry so the list stays one long.
+        let stats = slot.qp.stats();
+        match self.retired.first_mut() {
+            Some(r) => add_stats(r, &stats),
+            None => self.retired.push(stats),
+        }
+        Some(slot)
     }
 
     /// The earliest time something needs doing without input: a QP timer or a delayed
@@ -587,4 +597,29 @@ pub(crate) fn mac_for(ip: IpAddr) -> [u8; 6] {
             [0x02, o[11], o[12], o[13], o[14], o[15]]
         }
     }
+}
+
+/// Adds `b` into `a`, field by field.
+fn add_stats(a: &mut QpStats, b: &QpStats) {
+    a.tx_packets += b.tx_packets;
+    a.tx_bytes += b.tx_bytes;
+    a.rx_packets += b.rx_packets;
+    a.rx_bytes += b.rx_bytes;
+    a.retransmitted_packets += b.retransmitted_packets;
+    a.timeouts += b.timeouts;
+    a.seq_naks_sent += b.seq_naks_sent;
+    a.seq_naks_received += b.seq_naks_received;
+    a.rnr_naks_sent += b.rnr_naks_sent;
+    a.rnr_naks_received += b.rnr_naks_received;
+    a.fatal_naks_sent += b.fatal_naks_sent;
+    a.fatal_naks_received += b.fatal_naks_received;
+    a.duplicate_requests += b.duplicate_requests;
+    a.drop_state += b.drop_state;
+    a.drop_pkey += b.drop_pkey;
+    a.drop_qkey += b.drop_qkey;
+    a.drop_opcode += b.drop_opcode;
+    a.drop_psn += b.drop_psn;
+    a.drop_length += b.drop_length;
+    a.drop_no_recv += b.drop_no_recv;
+    a.drop_address += b.drop_address;
 }

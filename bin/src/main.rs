@@ -2,6 +2,7 @@
 //!
 //! One binary, one subcommand per command family, one module per family:
 //!
+//! - `rocectl demo` ([`demo`]): two devices on loopback, every operation, data verified;
 //! - `rocectl pcap …` ([`pcap`]): check, dump and generate RoCEv2 captures with the wire codec.
 //!
 //! Errors are reported with `anyhow` at this level only: each command returns
@@ -13,6 +14,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod demo;
 mod pcap;
 
 /// Command-line arguments.
@@ -31,6 +33,8 @@ struct Cli {
 /// The command families; each doc line is the one-line summary `rocectl --help` prints.
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Two devices on loopback (127.0.0.1, 127.0.0.2): every RDMA operation, data verified
+    Demo(demo::DemoArgs),
     /// Check, dump and generate RoCEv2 packet captures (pcap/pcapng)
     #[command(subcommand)]
     Pcap(pcap::PcapCommand),
@@ -39,6 +43,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo(args) => demo::run(&args),
         Command::Pcap(cmd) => pcap::run(cmd),
     };
     match result {

@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Installs what the tests and tools need on a fresh Debian machine: tshark (Wireshark's
-# dissector, used to check that our captures decode as RoCE). Idempotent; needs root for apt.
+# Installs what the tests and tools need on a fresh Debian machine. Idempotent; needs root for
+# apt (CI runs as root).
+#   tshark    Wireshark's dissector: checks that our captures decode as RoCE
+#   iproute2  `ip netns`/veth for the two-namespace integration tests
+#   nftables  kernel packet loss (numgen random) for the lossy-network tests
 set -euo pipefail
-if ! command -v tshark >/dev/null 2>&1; then
+need=()
+command -v tshark >/dev/null 2>&1 || need+=(tshark)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
-        echo "setup: tshark is missing; run as root or: sudo apt-get install tshark" >&2
+        echo "setup: missing ${need[*]}; run as root or: sudo apt-get install ${need[*]}" >&2
         exit 1
     fi
     export DEBIAN_FRONTEND=noninteractive
     echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
     apt-get update -qq
-    apt-get install -y -qq tshark >/dev/null
+    apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 command -v cargo >/dev/null || { echo "setup: cargo not found (install Rust with rustup)" >&2; exit 1; }

@@ -29,6 +29,9 @@
 //!   `IPV6_TCLASS` (`IP_TTL` / `IPV6_HOPLIMIT`) control message. Received TOS / traffic class
 //!   (and so ECN CE) come from `IP_RECVTOS` / `IPV6_RECVTCLASS`. The IPv6 flow label is left
 //!   to the kernel (the ICRC masks it).
+//! - **No `IP_RECVERR`**: on an unconnected socket ICMP errors are then not reported at all
+//!   (with it, they would come back as errors of later sends and receives); an unreachable
+//!   peer shows up as RC retries running out, like on a NIC.
 //!
 //! Batches go out with one `sendmmsg` and come in with one `recvmmsg` (per
 //! [`UdpOptions::batch`] messages). The message headers, iovecs, addresses and control buffers
@@ -856,6 +859,7 @@ impl Msgs {
 
     /// TOS / traffic class and GRO segment size from received message `i`'s control data.
     fn rx_ctrl(&self, i: usize) -> (u8, Option<usize>) {
+        #[allow(clippy::unnecessary_cast)] // size_t with glibc, socklen_t with musl
         let len = (self.hdrs[i].msg_hdr.msg_controllen as usize).min(CTRL_LEN);
         let mut tos = 0;
         let mut gro = None;

@@ -1160,27 +1160,45 @@ mod tests {
         assert_eq!(CmsgIter::new(&buf[..5]).count(), 0);
     }
 
-    #[test]
-    fn sockaddrs_match_socket2() {
-        let v4: SocketAddr = "127.0.0.2:4791".parse().unwrap();
-        let s = SockAddr::from(v4);
-        let SocketAddr::V4(a) = v4 else {
-            unreachable!()
+    /// Reads our raw address back through socket2's decoder.
+    fn decode_with_socket2<T: Copy>(raw: &T) -> Option<SocketAddr> {
+        let mut storage = socket2::SockAddrStorage::zeroed();
+        #[allow(unsafe_code)]
+        // SAFETY: `T` is `sockaddr_in` or `sockaddr_in6`; the storage then holds a complete
+        // address of that family, whose exact length is passed on.
+        let addr = unsafe {
+            *storage.view_as::<T>() = *raw;
+            SockAddr::new(storage, size_of::<T>() as libc::socklen_t)
         };
-        let raw = sockaddr_v4(&a);
-        assert_eq!(s.family(), raw.sin_family);
-        let mut msgs = Msgs::new(1, true);
-        assert!(msgs.set_name(0, &v4));
-        msgs.hdrs[0].msg_hdr.msg_namelen = size_of::<libc::sockaddr_in>() as _;
-        assert_eq!(msgs.rx_name(0), Some(v4));
-        assert!(!msgs.set_name(0, &"[::1]:4791".parse().unwrap()));
+        addr.as_socket()
+    }
 
-        let v6: SocketAddr = "[fd00::2]:4791".parse().unwrap();
-        let mut msgs = Msgs::new(1, false);
-        assert!(msgs.set_name(0, &v6));
-        msgs.hdrs[0].msg_hdr.msg_namelen = size_of::<libc::sockaddr_in6>() as _;
-        assert_eq!(msgs.rx_name(0), Some(v6));
-        assert_eq!(s.len() as usize, size_of::<libc::sockaddr_in>());
+    #[test]
+    fn sockaddrs_agree_with_socket2() {
+        for text in ["127.0.0.2:4791", "10.1.2.3:1"] {
+            let v4: SocketAddr = text.parse().unwrap();
+            let SocketAddr::V4(a) = v4 else {
+                unreachable!()
+            };
+            assert_eq!(decode_with_socket2(&sockaddr_v4(&a)), Some(v4));
+            let mut msgs = Msgs::new(1, true);
+            assert!(msgs.set_name(0, &v4));
+            msgs.hdrs[0].msg_hdr.msg_namelen = size_of::<libc::sockaddr_in>() as _;
+            assert_eq!(msgs.rx_name(0), Some(v4));
+            assert!(!msgs.set_name(0, &"[::1]:4791".parse().unwrap()));
+        }
+        for text in ["[fd00::2]:4791", "[fe80::1%3]:4792"] {
+            let v6: SocketAddr = text.parse().unwrap();
+            let SocketAddr::V6(a) = v6 else {
+                unreachable!()
+            };
+            assert_eq!(decode_with_socket2(&sockaddr_v6(&a)), Some(v6));
+            let mut msgs = Msgs::new(1, false);
+            assert!(msgs.set_name(0, &v6));
+            msgs.hdrs[0].msg_hdr.msg_namelen = size_of::<libc::sockaddr_in6>() as _;
+            assert_eq!(msgs.rx_name(0), Some(v6));
+            assert!(!msgs.set_name(0, &"127.0.0.1:4791".parse().unwrap()));
+        }
     }
 
     #[test]

@@ -84,7 +84,9 @@ fn send_and_recv_do_not_allocate() {
         COUNTING.with(|c| c.set(true));
         for _ in 0..100 {
             let mut off = 0;
+            let end = Instant::now() + DEADLINE;
             while off < batch.len() {
+                assert!(Instant::now() < end, "sent {off} of {}", batch.len());
                 off += a.send(&batch[off..]).unwrap();
             }
             sent += off;

@@ -67,6 +67,8 @@ const UDP_HEADER: usize = 8;
 const MAX_UDP_PAYLOAD_V4: usize = 65_535 - IPV4_HEADER - UDP_HEADER;
 /// Largest UDP payload over IPv6 (no jumbograms).
 const MAX_UDP_PAYLOAD_V6: usize = 65_535 - UDP_HEADER;
+/// `recvmmsg` calls one receive may make when every message was truncated.
+const RECV_ROUNDS: usize = 4;
 /// The MTU assumed when the interface of the local address cannot be found.
 const FALLBACK_MTU: usize = 1_500;
 
@@ -580,13 +582,15 @@ impl Datapath for UdpDatapath {
 
     /// Receives with `recvmmsg`. Datagrams cut short by a small buffer (`MSG_TRUNC`) are
     /// dropped and counted in [`UdpStats::truncated`]; the rest are moved up so that
-    /// `bufs[..n]` and `meta[..n]` are all good.
+    /// `bufs[..n]` and `meta[..n]` are all good. `Ok(0)` if only truncated datagrams came in
+    /// (the descriptor may still be readable).
     fn recv(&mut self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RxMeta]) -> io::Result<usize> {
         let n = bufs.len().min(meta.len()).min(self.msgs.capacity());
         if n == 0 {
             return Ok(0);
         }
-        loop {
+        // A few rounds at most: a flood of oversized datagrams must not keep us here.
+        for _ in 0..RECV_ROUNDS {
             let got = self
                 .msgs
                 .recvmmsg(self.socket.as_raw_fd(), &mut bufs[..n])?;
@@ -640,6 +644,7 @@ impl Datapath for UdpDatapath {
                 return Ok(out);
             }
         }
+        Ok(0)
     }
 
     fn readiness_fd(&self) -> Option<RawFd> {

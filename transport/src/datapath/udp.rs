@@ -10,17 +10,20 @@
 //!   per socket instead). So the socket is never `connect`ed. `tests/udp_ident.rs` checks the
 //!   captured header and the ICRC on the wire.
 //! - **GSO only where it keeps that promise.** A UDP GSO message (`UDP_SEGMENT`) is cut into
-//!   datagrams by the kernel (or the NIC), and the IPv4 GSO code numbers the segments'
-//!   Identification 0, 1, 2, ...: every segment after the first would carry a wrong ICRC. On
-//!   loopback nothing is cut on the way (the receiving socket gets the whole message, or
-//!   datagrams whose headers nobody sees), so IPv4 datagrams are coalesced only when the
-//!   destination is in 127.0.0.0/8. IPv6 has no Identification; its datagrams are coalesced to
-//!   any destination. A run to coalesce is consecutive datagrams with the same destination, TOS
-//!   and hop limit, equal lengths (the last may be shorter) and payloads back to back in memory
-//!   (the engine's transmit arena lays them out so).
-//! - **GSO fallback** (as quinn-udp): if a GSO send fails with `EIO` (no checksum offload on
-//!   the route's device) or `EINVAL`, GSO is switched off for this socket, counted in
-//!   [`UdpStats::gso_fallbacks`], and the same datagrams are sent again one per message.
+//!   datagrams by the kernel (or the NIC), and the IPv4 GSO code (`inet_gso_segment`) numbers
+//!   the segments' Identification 0, 1, 2, ...: every segment after the first would carry a
+//!   wrong ICRC (seen on Linux 6.18 in `tests/udp_ident.rs`). On loopback nothing is cut on the
+//!   way (a GRO socket gets the whole message, any other socket datagrams whose headers nobody
+//!   sees; only a packet capture on `lo` sees one large packet), so IPv4 datagrams are
+//!   coalesced only to destinations in 127.0.0.0/8, and [`DatapathCaps::max_gso_segments`] is 1
+//!   for an IPv4 socket bound elsewhere. IPv6 has no Identification; its datagrams are
+//!   coalesced to any destination. A run to coalesce is consecutive datagrams with the same
+//!   destination, TOS and hop limit, equal lengths (the last may be shorter), payloads back to
+//!   back in memory (the engine's transmit arena lays them out so), at most 64 of them and
+//!   64 KiB in all, each within the interface MTU.
+//! - **GSO fallback** (as quinn-udp): if a GSO send fails with `EIO` (older kernels: a device
+//!   without checksum offload; IPsec) or `EINVAL`, GSO is switched off for this socket, counted
+//!   in [`UdpStats::gso_fallbacks`], and the same datagrams are sent again one per message.
 //! - **GRO** (`UDP_GRO`): the kernel may hand over up to 64 datagrams of one flow in one
 //!   buffer; [`RxMeta::stride`] is their size (the last may be shorter). Receive buffers must
 //!   then hold 64 KiB.

@@ -315,6 +315,15 @@ impl QueuePair {
 
     // ---------------------------------------------------------------- commands --
 
+    /// Sets the MTU of the port the QP sends through. UD QPs have no path MTU attribute
+    /// (`ibv_modify_qp` takes none): they send up to the port's active MTU, which the device
+    /// sets here at creation. RC/UC QPs keep the path MTU `modify` gives them.
+    pub fn set_port_mtu(&mut self, mtu: crate::verbs::Mtu) {
+        if self.cfg.qp_type == QpType::Ud {
+            self.attr.path_mtu = mtu;
+        }
+    }
+
     /// `ibv_modify_qp`: moves the QP along the state table and sets attributes.
     ///
     /// # Errors

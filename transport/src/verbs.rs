@@ -115,12 +115,13 @@ impl ProtectionDomain {
         }
         let qpn = dev.alloc_qpn();
         let mem = Mem::new(dev.shared().table.clone(), self.inner.pd);
-        let qp = roce_qp::QueuePair::new(
+        let mut qp = roce_qp::QueuePair::new(
             Qpn::new(qpn),
             init.config,
             mem,
             init.srq.as_ref().map(|s| s.inner.clone()),
         );
+        qp.set_port_mtu(dev.shared().mtu);
         dev.lock_engine().insert(QpSlot {
             qp,
             send_cq: init.send_cq.shared.clone(),

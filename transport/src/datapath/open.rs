@@ -7,8 +7,11 @@ use crate::error::OpenError;
 
 /// Opens the `udp` backend on `local`:`port`.
 pub(crate) fn udp(local: IpAddr, port: u16) -> Result<Box<dyn Datapath>, OpenError> {
-    let _ = (local, port);
-    Err(OpenError::Unsupported("udp backend not built yet"))
+    let dp = super::udp::UdpDatapath::bind(
+        std::net::SocketAddr::new(local, port),
+        super::udp::UdpOptions::default(),
+    )?;
+    Ok(Box::new(dp))
 }
 
 /// Opens the `raw` backend on `ifname` with address `local`.

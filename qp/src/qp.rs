@@ -172,6 +172,10 @@ pub struct QpStats {
     pub fatal_naks_sent: u64,
     /// Fatal NAKs received.
     pub fatal_naks_received: u64,
+    /// NAKs sent by code: invalid request, remote access error, remote operational error.
+    pub naks_sent_by_code: [u64; 3],
+    /// NAKs received by code: invalid request, remote access error, remote operational error.
+    pub naks_received_by_code: [u64; 3],
     /// Duplicate requests answered.
     pub duplicate_requests: u64,
     /// Packets dropped: wrong state.
@@ -190,6 +194,34 @@ pub struct QpStats {
     pub drop_no_recv: u64,
     /// Packets dropped: wrong source address for a connected QP.
     pub drop_address: u64,
+}
+
+impl QpStats {
+    /// Counts a fatal NAK sent with `code`.
+    pub(crate) fn nak_sent(&mut self, code: roce_wire::aeth::NakCode) {
+        self.fatal_naks_sent += 1;
+        if let Some(i) = fatal_index(code) {
+            self.naks_sent_by_code[i] += 1;
+        }
+    }
+
+    /// Counts a fatal NAK received with `code`.
+    pub(crate) fn nak_received(&mut self, code: roce_wire::aeth::NakCode) {
+        self.fatal_naks_received += 1;
+        if let Some(i) = fatal_index(code) {
+            self.naks_received_by_code[i] += 1;
+        }
+    }
+}
+
+const fn fatal_index(code: roce_wire::aeth::NakCode) -> Option<usize> {
+    use roce_wire::aeth::NakCode;
+    match code {
+        NakCode::InvalidRequest => Some(0),
+        NakCode::RemoteAccessError => Some(1),
+        NakCode::RemoteOperationalError => Some(2),
+        _ => None,
+    }
 }
 
 /// A send WR in the send queue, with its transmission state.

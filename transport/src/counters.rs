@@ -83,6 +83,18 @@ counters! {
         send_fatal_nak,
         /// Fatal NAKs received.
         rcvd_fatal_nak,
+        /// NAK invalid request sent.
+        send_nak_inv_req,
+        /// NAK remote access error sent.
+        send_nak_rem_access,
+        /// NAK remote operational error sent.
+        send_nak_rem_op,
+        /// NAK invalid request received.
+        rcvd_nak_inv_req,
+        /// NAK remote access error received.
+        rcvd_nak_rem_access,
+        /// NAK remote operational error received.
+        rcvd_nak_rem_op,
         /// ICRC errors.
         icrc_errors,
         /// Malformed packets.
@@ -135,6 +147,12 @@ impl Counters {
         self.rcvd_rnr_err += s.rnr_naks_received;
         self.send_fatal_nak += s.fatal_naks_sent;
         self.rcvd_fatal_nak += s.fatal_naks_received;
+        self.send_nak_inv_req += s.naks_sent_by_code[0];
+        self.send_nak_rem_access += s.naks_sent_by_code[1];
+        self.send_nak_rem_op += s.naks_sent_by_code[2];
+        self.rcvd_nak_inv_req += s.naks_received_by_code[0];
+        self.rcvd_nak_rem_access += s.naks_received_by_code[1];
+        self.rcvd_nak_rem_op += s.naks_received_by_code[2];
         self.qp_drops += s.drop_state
             + s.drop_pkey
             + s.drop_qkey

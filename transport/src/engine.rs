@@ -613,6 +613,10 @@ fn add_stats(a: &mut QpStats, b: &QpStats) {
     a.rnr_naks_received += b.rnr_naks_received;
     a.fatal_naks_sent += b.fatal_naks_sent;
     a.fatal_naks_received += b.fatal_naks_received;
+    for i in 0..3 {
+        a.naks_sent_by_code[i] += b.naks_sent_by_code[i];
+        a.naks_received_by_code[i] += b.naks_received_by_code[i];
+    }
     a.duplicate_requests += b.duplicate_requests;
     a.drop_state += b.drop_state;
     a.drop_pkey += b.drop_pkey;

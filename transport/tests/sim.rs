@@ -85,3 +85,49 @@ fn every_operation_survives_loss_duplication_reordering_and_corruption() {
     assert!(ca.icrc_errors + cb.icrc_errors > 0, "{ca:?} {cb:?}");
     assert!(ca.retransmitted_pkts > 0, "{ca:?}");
 }
+
+#[test]
+fn a_bad_rkey_is_naked_counted_by_code_and_reported_as_remote_access_error() {
+    use roce_transport::{
+        Access, Completion, ConnectOptions, Psn, QpInit, QpType, RKey, RemoteQp, SendOp, SendWr,
+        WcStatus,
+    };
+    let net = SimNetwork::perfect();
+    let (a, b) = devices(&net, Progress::Thread);
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (ca, cb) = (a.create_cq(8).unwrap(), b.create_cq(8).unwrap());
+    let qa = pa.create_qp(&QpInit::new(QpType::Rc, &ca)).unwrap();
+    let qb = pb.create_qp(&QpInit::new(QpType::Rc, &cb)).unwrap();
+    let o = ConnectOptions::default();
+    let remote = |q: &roce_transport::QueuePair, d: &Device| RemoteQp {
+        qpn: q.qpn(),
+        psn: Psn::new(0),
+        gid: d.local_gid(),
+    };
+    qa.connect(&remote(&qb, &b), &o).unwrap();
+    qb.connect(&remote(&qa, &a), &o).unwrap();
+    let src = pa.register(vec![7u8; 32], Access::LOCAL_WRITE).unwrap();
+    let dst = pb.register(vec![0u8; 32], Access::LOCAL_WRITE).unwrap(); // no remote write
+    let op = SendOp::RdmaWrite {
+        remote_addr: dst.addr(),
+        rkey: RKey::new(dst.rkey().value()),
+    };
+    qa.post_send(SendWr::new(9, op, vec![src.sge(0, 32)]))
+        .unwrap();
+    let mut wc = [Completion::EMPTY];
+    assert_eq!(ca.wait(&mut wc, Duration::from_secs(5)), 1);
+    assert_eq!(wc[0].status, WcStatus::RemAccessErr);
+    assert_eq!(dst.to_vec(), vec![0u8; 32]);
+    let (sa, sb) = (a.counters(), b.counters());
+    assert_eq!(sb.send_nak_rem_access, 1, "{sb:?}");
+    assert_eq!(sa.rcvd_nak_rem_access, 1, "{sa:?}");
+    let names: Vec<_> = sa.iter().map(|(n, _)| n).collect();
+    for rxe_name in [
+        "sent_pkts",
+        "rcvd_pkts",
+        "duplicate_request",
+        "rcvd_rnr_err",
+    ] {
+        assert!(names.contains(&rxe_name), "{names:?}");
+    }
+}

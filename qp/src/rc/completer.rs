@@ -167,7 +167,7 @@ impl QueuePair {
     }
 
     fn on_fatal_nak(&mut self, psn: Psn, code: NakCode) {
-        self.stats.fatal_naks_received += 1;
+        self.stats.nak_received(code);
         if !self.psn_outstanding(psn) {
             self.stats.drop_psn += 1;
             return;

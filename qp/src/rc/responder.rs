@@ -208,7 +208,7 @@ impl QueuePair {
                 });
             }
             Err(Reject::Nak(code, status)) => {
-                self.stats.fatal_naks_sent += 1;
+                self.stats.nak_sent(code);
                 let msn = self.resp.msn;
                 self.resp.out.push_back(RespJob::Ack {
                     psn,
@@ -692,7 +692,7 @@ impl QueuePair {
                             syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
                             msn,
                         });
-                        self.stats.fatal_naks_sent += 1;
+                        self.stats.nak_sent(NakCode::RemoteAccessError);
                         self.enter_error(Some(WcStatus::RemAccessErr));
                         self.next_response(buf)
                     }

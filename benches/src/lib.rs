@@ -21,6 +21,10 @@
 //! assert_eq!(parsed.packet().unwrap().payload.len(), 1024);
 //! ```
 
+pub mod blaster;
+pub mod netns;
+pub mod stats;
+
 pub mod wire {
     //! Fixtures for the wire-codec benches: IPv4 RC frames with payloads of chosen sizes.
 

@@ -338,7 +338,7 @@ fn send(sock: &UdpSocket, cfg: &StreamConfig, win: Window) -> Result<Counts> {
                     &mut hdrs,
                     iovs[..n].iter(),
                     addrs,
-                    &no_cmsgs,
+                    no_cmsgs,
                     MsgFlags::empty(),
                 )
                 .map(Iterator::count)

@@ -23,6 +23,8 @@
 
 pub mod blaster;
 pub mod netns;
+pub mod peers;
+pub mod runner;
 pub mod stats;
 
 pub mod wire {

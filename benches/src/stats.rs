@@ -43,7 +43,8 @@ pub fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }
-    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    // The epsilon keeps 99.9 % of 1 000 at rank 999 despite 0.999 * 1000 = 999.000...1.
+    let rank = (p / 100.0 * sorted.len() as f64 - 1e-9).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Issue 7's one command: installs the peers (Debian packages libfabric-bin, ucx-utils), builds
+# the runner and runs every benchmark: ours (benches/ours.cmds), the raw UDP limit and the peers,
+# over loopback and a veth pair between two namespaces it creates (root needed; without root it
+# runs over loopback only). About 5 minutes, bounded by --budget (default 540 s). Prints one
+# table; writes benches/results/latest.{json,md}. Extra arguments go to bench-all (--help).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v fi_pingpong  >/dev/null 2>&1 || need+=(libfabric-bin)
+command -v ucx_perftest >/dev/null 2>&1 || need+=(ucx-utils)
+command -v ip           >/dev/null 2>&1 || need+=(iproute2)
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq "${need[@]}" >/dev/null
+    else
+        echo "run.sh: missing ${need[*]}; run as root or: sudo apt-get install ${need[*]}" >&2
+        echo "run.sh: continuing; the missing peers will show as failed" >&2
+    fi
+fi
+args=()
+[ "$(id -u)" = 0 ] || args+=(--no-veth)
+
+# bench-all removes its namespaces itself (also on Ctrl-C); this catches a hard kill.
+trap 'for ns in $(ip netns list 2>/dev/null | grep -o "^rb[0-9]*[ab]"); do
+          pid=${ns:2:-1}; [ -d "/proc/$pid" ] || ip netns delete "$ns"; done' EXIT
+cargo run -q -p roce-benches --release --bin bench-all -- "${args[@]}" "$@"

@@ -1,17 +1,24 @@
 //! # roce-benches: rocectl benchmarks
 //!
-//! The benchmarks themselves live in `benches/` and run with criterion:
+//! Two kinds of benchmarks live here:
+//!
+//! - criterion micro-benchmarks of the wire codec (`benches/wire.rs`: ICRC vs crc32fast, parse
+//!   and emit), with their fixtures in [`wire`];
+//! - issue 7's side-by-side run: rocectl's figures next to **the limit** ([`blaster`]: raw UDP
+//!   at the same datagram sizes, plain / `sendmmsg` / GSO-GRO, and a 64-byte ping-pong) and
+//!   next to **the peers** ([`peers`]: libfabric `udp;ofi_rxd` and UCX over TCP), over
+//!   loopback and a veth pair between two namespaces ([`netns`]), driven by [`runner`].
 //!
 //! ```text
-//! cargo bench -p roce-benches --bench wire     # ICRC vs crc32fast, parse and emit
+//! cargo bench -p roce-benches --bench wire                          # codec micro-benchmarks
+//! cargo run -p roce-benches --release --bin blaster -- sweep        # the limit alone
+//! benches/run.sh                                                    # everything, ~5 min
 //! ```
 //!
-//! This library holds the fixtures the benchmarks share, so that every bench (and later the
-//! end-to-end ones: QP throughput in the simulator, UDP loopback with and without GSO) builds
-//! its frames the same way and numbers stay comparable between runs. See `benches/README.md`
-//! for the measured numbers.
+//! See `benches/README.md` for the measured numbers.
 //!
 //! ```
+//! use roce_benches::blaster::datagram_len;
 //! use roce_benches::wire::{send_only_frame, ETH_IPV4_UDP_LEN};
 //! use roce_wire::{Caps, Frame};
 //!
@@ -19,6 +26,8 @@
 //! assert_eq!(frame.len(), ETH_IPV4_UDP_LEN + 12 + 1024 + 4);
 //! let parsed = Frame::parse_ethernet(&frame, &Caps::default()).unwrap();
 //! assert_eq!(parsed.packet().unwrap().payload.len(), 1024);
+//! // The blaster sends UDP payloads of exactly that RoCE packet's size.
+//! assert_eq!(datagram_len(1024), frame.len() - ETH_IPV4_UDP_LEN);
 //! ```
 
 pub mod blaster;

@@ -3,7 +3,6 @@
 //! of those conversations, and local client/server runs over 127.0.0.1.
 
 #[path = "../src/oob/mod.rs"]
-#[allow(dead_code, unreachable_pub)]
 mod oob;
 
 use std::net::{Ipv4Addr, TcpListener};
@@ -11,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use oob::pingpong::{decode, encode, Layout, PingpongConn, PingpongDest, RECORD_LEN};
-use oob::testing::{play, sent_by, transcript};
+use oob::testing::{play, sent_by, transcript, turns};
 use oob::{accept, connect, OobError, Timeout};
 use roce_wire::{Gid, Psn, Qpn};
 
@@ -100,7 +99,7 @@ fn captured_conversations_have_the_documented_shape() {
         ("srq_pingpong", Layout::Srq),
         ("host_peer_py_rc_pingpong", Layout::Single),
     ] {
-        let t = transcript(name);
+        let t = turns(&transcript(name));
         let shape: Vec<(bool, usize)> = t.iter().map(|m| (m.from_client, m.bytes.len())).collect();
         let n = layout.records() * RECORD_LEN;
         assert_eq!(shape, [(true, n), (false, n), (true, 5)], "{name}");
@@ -122,7 +121,7 @@ fn our_server_replays_the_captured_server_byte_for_byte() {
         ("ud_pingpong", Layout::Single),
         ("srq_pingpong", Layout::Srq),
     ] {
-        let script = transcript(name);
+        let script = turns(&transcript(name));
         let captured_server = decode(&script[1].bytes, layout).unwrap();
         let captured_client = decode(&script[0].bytes, layout).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -149,7 +148,7 @@ fn our_client_replays_the_captured_client_byte_for_byte() {
         ("uc_pingpong", Layout::Single),
         ("srq_pingpong", Layout::Srq),
     ] {
-        let script = transcript(name);
+        let script = turns(&transcript(name));
         let captured_client = decode(&script[0].bytes, layout).unwrap();
         let captured_server = decode(&script[1].bytes, layout).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use super::DEFAULT_PORT;
 
-/// A run of bytes one side sent before the other answered (consecutive TCP segments of one
-/// direction, merged).
+/// One TCP segment's payload, or (after [`turns`]) a run of bytes one side sent before the
+/// other answered.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Msg {
     /// Sent by the client (towards port 18515).
@@ -28,7 +28,8 @@ pub(crate) fn captures_dir() -> PathBuf {
         .join("captures")
 }
 
-/// The TCP/18515 conversation of `captures/NAME.pcap` (Ethernet, IPv4), in frame order.
+/// The TCP/18515 payloads of `captures/NAME.pcap` (Ethernet, IPv4), one per segment, in
+/// frame order.
 ///
 /// # Panics
 /// A missing or unreadable capture: the captures are the ground truth.
@@ -42,13 +43,24 @@ pub(crate) fn transcript(name: &str) -> Vec<Msg> {
         let Some((from_client, payload)) = tcp_payload(&f.data) else {
             continue;
         };
+        out.push(Msg {
+            from_client,
+            frame: i + 1,
+            bytes: payload.to_vec(),
+        });
+    }
+    out
+}
+
+/// Consecutive messages of one direction merged: the turns of the conversation.
+pub(crate) fn turns(msgs: &[Msg]) -> Vec<Msg> {
+    let mut out: Vec<Msg> = Vec::new();
+    for m in msgs {
         match out.last_mut() {
-            Some(last) if last.from_client == from_client => last.bytes.extend_from_slice(payload),
-            _ => out.push(Msg {
-                from_client,
-                frame: i + 1,
-                bytes: payload.to_vec(),
-            }),
+            Some(last) if last.from_client == m.from_client => {
+                last.bytes.extend_from_slice(&m.bytes);
+            }
+            _ => out.push(m.clone()),
         }
     }
     out

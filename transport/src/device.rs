@@ -18,6 +18,7 @@ use crate::datapath::sim::SimNetwork;
 use crate::datapath::Datapath;
 use crate::engine::{Engine, PassResult};
 use crate::error::OpenError;
+use crate::netdev::{GidEntry, GidType, NetDevice};
 use crate::verbs::{AsyncEvent, CompletionQueue, ProtectionDomain, SharedReceiveQueue};
 
 /// Which datapath a device uses.
@@ -239,15 +240,8 @@ pub struct PortAttr {
     pub link_layer: &'static str,
     /// Local IP address and UDP port.
     pub local: SocketAddr,
-}
-
-/// A GID table entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GidEntry {
-    /// Index (`-g`/`-x` in the tools).
-    pub index: u8,
-    /// The GID.
-    pub gid: Gid,
+    /// The network interface the device sends through (`None` on `sim`).
+    pub netdev: Option<String>,
 }
 
 pub(crate) struct DeviceShared {
@@ -261,6 +255,7 @@ pub(crate) struct DeviceShared {
     pub(crate) max_mtu: Mtu,
     pub(crate) gids: Vec<Gid>,
     pub(crate) mac: [u8; 6],
+    netdev: Option<String>,
     next_qpn: AtomicU32,
     next_iova: AtomicU64,
     pub(crate) seed: u64,
@@ -335,7 +330,19 @@ impl Device {
             });
         }
         let backend = dp.name();
-        let mac = crate::engine::mac_for(local.ip());
+        // The GID table mirrors what rxe builds for the interface that owns our address.
+        let netdev: Option<NetDevice> = match backend {
+            "udp" | "raw" => crate::netdev::interface_for_addr(local.ip()).ok(),
+            _ => None,
+        };
+        let mac = netdev
+            .as_ref()
+            .and_then(|n| n.mac)
+            .unwrap_or_else(|| crate::engine::mac_for(local.ip()));
+        let gids: Vec<Gid> = match &netdev {
+            Some(n) => n.gid_table().into_iter().map(|e| e.gid).collect(),
+            None => vec![Gid::link_local_from_mac(mac), Gid::from_ip(local.ip())],
+        };
         let mut engine = Engine::new(dp, max_mtu.bytes(), mac);
         let capture = match (
             config.capture,
@@ -359,7 +366,6 @@ impl Device {
             None => None,
         };
         let fd = engine.datapath().readiness_fd();
-        let gids = vec![Gid::link_local_from_mac(mac), Gid::from_ip(local.ip())];
         let shared = Arc::new(DeviceShared {
             name: config.name,
             table: Arc::new(MrTable::new(config.max_mr, config.seed)),
@@ -371,6 +377,7 @@ impl Device {
             max_mtu,
             gids,
             mac,
+            netdev: netdev.map(|n| n.name),
             next_qpn: AtomicU32::new(0x11),
             next_iova: AtomicU64::new(0x7F00_0000_0000),
             seed: config.seed,
@@ -450,6 +457,7 @@ impl Device {
             gid_tbl_len: s.gids.len(),
             link_layer: "Ethernet",
             local: s.local,
+            netdev: s.netdev.clone(),
         }
     }
 
@@ -462,6 +470,7 @@ impl Device {
             .map(|(i, g)| GidEntry {
                 index: i as u8,
                 gid: *g,
+                kind: GidType::RoceV2,
             })
             .collect()
     }
@@ -479,6 +488,16 @@ impl Device {
                 index,
                 len: self.shared().gids.len(),
             })
+    }
+
+    /// The index of our IP address's GID in the table (what `-g`/`-x` should select).
+    pub fn local_gid_index(&self) -> Option<u8> {
+        let gid = self.local_gid();
+        self.shared()
+            .gids
+            .iter()
+            .position(|g| *g == gid)
+            .map(|i| i as u8)
     }
 
     /// The GID of our IP address (what peers put in their address handles).

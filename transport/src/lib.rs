@@ -68,9 +68,10 @@ pub mod selftest;
 pub use counters::{Counters, DeviceCounters};
 pub use datapath::sim::{LinkConfig, SimNetwork, SimStats};
 pub use device::{
-    Backend, CaptureFile, Device, DeviceAttr, DeviceConfig, GidEntry, PortAttr, PortState, Progress,
+    Backend, CaptureFile, Device, DeviceAttr, DeviceConfig, PortAttr, PortState, Progress,
 };
 pub use error::{OpenError, VerbsError};
+pub use netdev::{GidEntry, GidType};
 pub use roce_mr::{Access, AccessError};
 pub use roce_qp::state::{AttrMask, ModifyError, QpAttr};
 pub use roce_qp::verbs::{

@@ -151,3 +151,20 @@ fn an_unreachable_peer_ends_in_a_retry_exceeded_completion() {
     assert_eq!(wc[0].status, WcStatus::RetryExcErr);
     assert!(a.counters().ack_timeouts >= 3);
 }
+
+#[test]
+fn the_gid_table_mirrors_rxe_on_lo() {
+    let _g = PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    let a = open("127.0.0.1", "gids", None);
+    let table = a.gid_table();
+    // rxe on lo: fe80::200:ff:fe00:0 (the zero MAC's EUI-64), then ::ffff:127.0.0.1.
+    assert_eq!(
+        table[0].gid.to_ip(),
+        "fe80::200:ff:fe00:0".parse::<std::net::IpAddr>().unwrap()
+    );
+    assert_eq!(a.local_gid_index(), Some(1));
+    assert_eq!(a.gid(1).unwrap(), a.local_gid());
+    assert_eq!(a.query_port().netdev.as_deref(), Some("lo"));
+    let err = a.gid(200).unwrap_err();
+    assert!(err.to_string().contains("GID index 200"), "{err}");
+}

@@ -311,6 +311,48 @@ impl NetnsPair {
             ip(&["-n", ns, "link", "set", "dev", &e.ifname, "up"])?;
             ip(&["-n", ns, "link", "set", "dev", "lo", "up"])?;
         }
+        self.wait_ready()
+    }
+
+    /// Waits until both links have carrier and no IPv6 address is tentative. Even without
+    /// duplicate address detection, an address becomes usable only when the kernel's
+    /// address-configuration work has run, which can take a second or more while other
+    /// namespaces are being torn down (that work and namespace cleanup share locks). Until
+    /// then the kernel neither answers neighbour solicitations for it nor binds to it.
+    fn wait_ready(&self) -> io::Result<()> {
+        let deadline = std::time::Instant::now() + COMMAND_TIMEOUT;
+        for e in [&self.a, &self.b] {
+            let ns = e.ns_name();
+            loop {
+                let link = ip(&["-n", ns, "link", "show", "dev", &e.ifname])?;
+                let tentative = ip(&[
+                    "-n",
+                    ns,
+                    "-6",
+                    "addr",
+                    "show",
+                    "dev",
+                    &e.ifname,
+                    "tentative",
+                ])?;
+                let ours = format!("{}/64", e.ipv6);
+                if link.contains("LOWER_UP") && !tentative.contains(&ours) {
+                    break;
+                }
+                if std::time::Instant::now() > deadline {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "{} in {ns} not ready after {COMMAND_TIMEOUT:?}: {} {}",
+                            e.ifname,
+                            link.trim(),
+                            tentative.trim()
+                        ),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         Ok(())
     }
 

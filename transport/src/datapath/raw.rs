@@ -106,7 +106,7 @@ impl Default for RawOptions {
             resolve_interval: Duration::from_millis(250),
             unreachable_hold: Duration::from_secs(1),
             neighbour_ttl: Duration::from_secs(60),
-            pending_per_neighbour: 16,
+            pending_per_neighbour: 64,
             recv_buffer: 8 << 20,
             send_buffer: 4 << 20,
         }

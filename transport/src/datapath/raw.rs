@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Socket, Type};
 
-use super::{Datapath, DatapathCaps, RxMeta, TxDatagram};
+use super::{Datapath, DatapathCaps, Ipv4Info, RxMeta, TxDatagram};
 use crate::error::OpenError;
 
 mod codec;
@@ -665,13 +665,21 @@ impl RawDatapath {
                     let seg = &d.payload[start.min(end)..end];
                     if seg.len() <= bufs[n].len() {
                         bufs[n][..seg.len()].copy_from_slice(seg);
+                        // Segment k gets Identification + k, as the kernel's segmentation
+                        // gives it (inet_gso_segment): on its own receive path, and on the
+                        // wire when the frame leaves through a real NIC.
+                        let k = self.rx_segment as u16;
+                        let ipv4 = d.ipv4.map(|i| Ipv4Info {
+                            ident: i.ident.wrapping_add(k),
+                            ..i
+                        });
                         meta[n] = RxMeta {
                             len: seg.len(),
                             stride: seg.len(),
                             src: d.src,
                             dst: d.dst,
                             tos: d.tos,
-                            ipv4: d.ipv4,
+                            ipv4,
                         };
                         n += 1;
                         self.stats.rx_datagrams += 1;

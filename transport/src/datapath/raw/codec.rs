@@ -115,7 +115,8 @@ pub(super) struct Datagram<'a> {
     pub(super) dst: SocketAddr,
     /// IPv4 TOS / IPv6 traffic class.
     pub(super) tos: u8,
-    /// IPv4 Identification and DF.
+    /// IPv4 Identification and DF (of the first segment: segment k of a GSO frame has
+    /// Identification + k).
     pub(super) ipv4: Option<Ipv4Info>,
     /// The UDP payload (all segments of a GSO frame).
     pub(super) payload: &'a [u8],

@@ -263,7 +263,9 @@ pub struct RawStats {
     pub tx_unresolved: u64,
     /// Queued datagrams dropped because the queue was full.
     pub tx_queue_overflow: u64,
-    /// Queued datagrams (or neighbour messages) the socket refused when they were sent.
+    /// Datagrams the kernel took and dropped (`ENOBUFS`: a full device queue, a tc or
+    /// nftables egress drop), queued datagrams the socket refused when their peer resolved,
+    /// and neighbour messages that could not be sent.
     pub tx_dropped: u64,
     /// Datagrams refused because their peer was unreachable.
     pub tx_unreachable: u64,
@@ -344,7 +346,7 @@ impl RawDatapath {
                 },
             });
         }
-        let sock = PacketSocket::open(iface.index, opts.port)
+        let mut sock = PacketSocket::open(iface.index, opts.port)
             .map_err(|e| RawError::from_socket_error("open AF_PACKET socket", e))?;
         let mtu = sock
             .mtu(ifname)
@@ -462,7 +464,7 @@ impl RawDatapath {
             }
             _ => return,
         };
-        if !matches!(sent, Ok(1)) {
+        if !matches!(sent, Ok(s) if s.dropped == 0) {
             // The next attempt will go out with the timer.
             self.stats.tx_dropped += 1;
         }
@@ -526,9 +528,9 @@ impl RawDatapath {
                     k += 1;
                 }
             }
-            let sent = self.sock.send_batch(&frames[..k]).unwrap_or(0);
-            self.stats.tx_frames += sent as u64;
-            self.stats.tx_dropped += (chunk.len() - sent) as u64;
+            let sent = self.sock.send_batch(&frames[..k]).unwrap_or_default();
+            self.stats.tx_frames += (sent.taken - sent.dropped) as u64;
+            self.stats.tx_dropped += (chunk.len() - sent.taken + sent.dropped) as u64;
         }
     }
 
@@ -596,9 +598,10 @@ impl RawDatapath {
                 frames[i] = (&self.tx_headers[i][..lens[i]], d.payload);
             }
             let sent = self.sock.send_batch(&frames[..k])?;
-            self.stats.tx_frames += sent as u64;
+            self.stats.tx_frames += (sent.taken - sent.dropped) as u64;
+            self.stats.tx_dropped += sent.dropped as u64;
             // A partial send, or a full run: the caller continues (or stops) from here.
-            return Ok(sent);
+            return Ok(sent.taken);
         }
         let Some(d) = batch.first() else {
             return Ok(0);

@@ -50,11 +50,22 @@ pub(super) struct RxInfo {
     pub(super) pkttype: u8,
 }
 
+/// What [`PacketSocket::send_batch`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Sent {
+    /// Frames taken (a prefix of the batch): sent, or dropped by the kernel.
+    pub(super) taken: usize,
+    /// Of those, frames the kernel dropped (`ENOBUFS`).
+    pub(super) dropped: usize,
+}
+
 /// A bound, filtered, non-blocking packet socket.
 #[derive(Debug)]
 pub(super) struct PacketSocket {
     sock: Socket,
     ifindex: i32,
+    /// The send buffer size the kernel granted.
+    sndbuf: usize,
 }
 
 impl PacketSocket {
@@ -68,7 +79,12 @@ impl PacketSocket {
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface index"))?;
         let sock = Socket::new(Domain::PACKET, Type::RAW, Some(Protocol::from(0)))?;
         sock.set_nonblocking(true)?;
-        let this = Self { sock, ifindex };
+        let sndbuf = sock.send_buffer_size()?;
+        let this = Self {
+            sock,
+            ifindex,
+            sndbuf,
+        };
         // Kernels before 4.20 lack it; outgoing frames are then dropped by type on receive.
         let _ = this.set_int(libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1);
         this.set_int(libc::SOL_PACKET, PACKET_VNET_HDR, 1)?;
@@ -113,7 +129,7 @@ impl PacketSocket {
     }
 
     /// Sets the kernel buffer sizes, beyond `net.core.[rw]mem_max` when we may (root).
-    pub(super) fn set_buffers(&self, recv: usize, send: usize) {
+    pub(super) fn set_buffers(&mut self, recv: usize, send: usize) {
         let clamp = |n: usize| libc::c_int::try_from(n).unwrap_or(libc::c_int::MAX);
         if self
             .set_int(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, clamp(recv))
@@ -126,6 +142,9 @@ impl PacketSocket {
             .is_err()
         {
             let _ = self.sock.set_send_buffer_size(send);
+        }
+        if let Ok(n) = self.sock.send_buffer_size() {
+            self.sndbuf = n;
         }
     }
 
@@ -211,9 +230,50 @@ impl PacketSocket {
     }
 
     /// Sends frames, each the concatenation of a header block (starting with the virtio-net
-    /// header) and a payload; returns how many went out (a prefix). At most [`TX_BATCH`].
-    /// `Err(WouldBlock)` when the first could not be queued.
-    pub(super) fn send_batch(&self, frames: &[(&[u8], &[u8])]) -> io::Result<usize> {
+    /// header) and a payload. Returns how many were taken (a prefix), of which how many the
+    /// kernel dropped. `Err(WouldBlock)` when the first could not be queued.
+    ///
+    /// A frame the kernel drops after taking it (a full device queue, a tc or nftables egress
+    /// drop) fails with `ENOBUFS`. Like a UDP socket (which hides `ENOBUFS` unless
+    /// `IP_RECVERR` is set), we count it as taken: it left our hands, and sending it again
+    /// would undo the drop. `sendmmsg` does not say why it stopped after the first frame, so
+    /// then the send queue tells: `EAGAIN` needs it full, otherwise the frame was dropped.
+    pub(super) fn send_batch(&self, frames: &[(&[u8], &[u8])]) -> io::Result<Sent> {
+        let mut sent = Sent::default();
+        while sent.taken < frames.len() {
+            match self.sendmmsg(&frames[sent.taken..]) {
+                Ok(n) => {
+                    sent.taken += n;
+                    if sent.taken == frames.len() || self.send_queue_full() {
+                        break;
+                    }
+                    sent.taken += 1;
+                    sent.dropped += 1;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    sent.taken += 1;
+                    sent.dropped += 1;
+                }
+                // Report what went; a lasting error shows again on the next call.
+                Err(_) if sent.taken > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(sent)
+    }
+
+    /// Whether the socket's send queue is too full to take a frame (the only cause of
+    /// `EAGAIN`). Half the buffer: completions may have freed some since.
+    fn send_queue_full(&self) -> bool {
+        let mut queued: libc::c_int = 0;
+        #[allow(unsafe_code)]
+        // SAFETY: SIOCOUTQ writes one int into the live `queued`.
+        let rc = unsafe { libc::ioctl(self.sock.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
+        rc != 0 || usize::try_from(queued).unwrap_or(0) >= self.sndbuf / 2
+    }
+
+    /// One `sendmmsg` of up to [`TX_BATCH`] frames; returns how many went out.
+    fn sendmmsg(&self, frames: &[(&[u8], &[u8])]) -> io::Result<usize> {
         let n = frames.len().min(TX_BATCH);
         if n == 0 {
             return Ok(0);
@@ -262,12 +322,7 @@ impl PacketSocket {
             )
         };
         if sent < 0 {
-            let e = io::Error::last_os_error();
-            // ENOBUFS: the device queue is full; like EAGAIN, try again later.
-            if e.raw_os_error() == Some(libc::ENOBUFS) {
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
-            return Err(e);
+            return Err(io::Error::last_os_error());
         }
         Ok(sent as usize)
     }

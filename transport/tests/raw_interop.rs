@@ -112,6 +112,11 @@ fn kernel_to_raw(tag: &str, v6: bool) {
     let max = if v6 { 1452 } else { 1472 };
     let sizes = sizes(max);
     let mut got: Vec<Got> = Vec::new();
+    // Other ports never reach the backend: the socket filter drops them in the kernel.
+    for _ in 0..10 {
+        sock.send_to(b"not roce", SocketAddr::new(ip_a, ROCEV2_PORT + 1))
+            .unwrap();
+    }
     for (i, &n) in sizes.iter().enumerate() {
         let p = payload(i, n);
         sock.send_to(&p, a.local_addr()).unwrap();
@@ -148,6 +153,8 @@ fn kernel_to_raw(tag: &str, v6: bool) {
         0,
         "{s:?}"
     );
+    assert_eq!(s.rx_not_for_us + s.rx_not_udp + s.rx_not_ip, 0, "{s:?}");
+    assert_eq!(s.rx_frames, s.rx_datagrams + s.neighbour_rx, "{s:?}");
 }
 
 #[test]

@@ -97,6 +97,9 @@ pub(super) struct Table {
     cfg: Config,
     entries: HashMap<IpAddr, State>,
     unresolved: usize,
+    /// No timer is due before this (it may be early, never late); recomputed by `poll`, so
+    /// the hot path does not scan the table.
+    deadline: Option<Instant>,
 }
 
 impl Table {
@@ -106,6 +109,7 @@ impl Table {
             cfg,
             entries: HashMap::new(),
             unresolved: 0,
+            deadline: None,
         }
     }
 
@@ -136,6 +140,7 @@ impl Table {
             }) => {
                 if probe.is_none() && now.saturating_duration_since(*confirmed) >= cfg.ttl {
                     *probe = Some((0, now));
+                    self.deadline = Some(now);
                 }
                 Lookup::Mac(*mac)
             }
@@ -146,6 +151,7 @@ impl Table {
                     return Lookup::Unreachable;
                 }
                 self.unresolved += 1;
+                self.deadline = Some(now);
                 self.entries.insert(
                     ip,
                     State::Incomplete {
@@ -259,10 +265,16 @@ impl Table {
             State::Failed { until } => now.saturating_duration_since(*until) < cfg.ttl,
             _ => true,
         });
+        self.deadline = self.scan_deadline();
     }
 
-    /// When [`Self::poll`] next has something to do.
+    /// When [`Self::poll`] next has something to do (perhaps earlier: then it finds nothing
+    /// and says the real time).
     pub(super) fn next_deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    fn scan_deadline(&self) -> Option<Instant> {
         self.entries
             .values()
             .filter_map(|s| match s {
@@ -326,6 +338,10 @@ mod tests {
         let q = t.learn(t0, ip, MAC, false);
         assert_eq!(q, vec![pending(1), pending(2)]);
         assert_eq!(t.lookup(t0, ip), Lookup::Mac(MAC));
+        // The deadline may be early until the next poll, which finds nothing to do.
+        let mut p = Poll::default();
+        t.poll(t0 + Duration::from_millis(100), &mut p);
+        assert!(p.solicit.is_empty() && p.failed.is_empty());
         assert_eq!(t.next_deadline(), None);
         assert_eq!(t.unresolved, 0);
     }
@@ -368,6 +384,7 @@ mod tests {
         assert_eq!(p.solicit, vec![ip]);
         t.learn(later, ip, [2, 0, 0, 0, 0, 8], false);
         assert_eq!(t.lookup(later, ip), Lookup::Mac([2, 0, 0, 0, 0, 8]));
+        t.poll(later, &mut p);
         assert_eq!(t.next_deadline(), None);
     }
 

@@ -50,16 +50,34 @@ fn raw_errors_on_open_say_what_is_wrong() {
     assert!(matches!(e, RawError::AddrInUse { .. }), "{e:?}");
     assert!(e.to_string().contains("already in use"), "{e}");
     drop(first);
-    let kernel = a
-        .netns()
-        .enter_scoped(|| UdpSocket::bind(SocketAddr::new(ip_a, 4791)))
-        .unwrap()
-        .unwrap();
+    let kernel = retry_in_use(|| {
+        a.netns()
+            .enter_scoped(|| UdpSocket::bind(SocketAddr::new(ip_a, 4791)))
+            .unwrap()
+    });
     let e = try_open(a, a.ifname(), ip_a).unwrap_err();
     assert!(matches!(e, RawError::AddrInUse { .. }), "{e:?}");
     drop(kernel);
-    // And the address is free again once the backend is gone.
-    drop(open(a, ip_a, RawOptions::default()));
+    // And the address is free again once the other stack is gone.
+    drop(retry_in_use(|| {
+        try_open(a, a.ifname(), ip_a).map_err(io::Error::from)
+    }));
+}
+
+/// Retries `f` while it fails with `AddrInUse`, for up to a second. A closed socket stays
+/// bound while a child process forked meanwhile (the other tests run `ip` all the time)
+/// has not reached `exec`, which closes its copy.
+fn retry_in_use<T>(mut f: impl FnMut() -> io::Result<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
 }
 
 #[test]

@@ -187,11 +187,18 @@ impl QueuePair {
         let mtu = self.attr.path_mtu.bytes() as u64;
         let uc = self.cfg.qp_type == QpType::Uc;
         let w = &mut self.sq[cur];
+        if w.first_psn.is_none() {
+            // A WQE never sent before starts after the highest PSN ever sent (`high_psn`),
+            // never at `next_psn`: an ACK that completes the WQE being resent by go-back-N
+            // leaves `next_psn` (and the packet cursor) inside that finished WQE.
+            self.req.cur_pkt = 0;
+            self.req.next_psn = self.req.high_psn;
+        }
         let pkt = self.req.cur_pkt;
         // A packet's PSN is its WQE's first PSN plus its index, always: deriving it (rather
         // than trusting `next_psn`) keeps it right when an ACK completes the WQE being resent
         // and the cursor moves on to the next one.
-        let first_psn = *w.first_psn.get_or_insert(self.req.next_psn);
+        let first_psn = *w.first_psn.get_or_insert(self.req.high_psn);
         let psn = first_psn.add(pkt);
         let op = w.wr.op;
         let npkts = w.npkts;

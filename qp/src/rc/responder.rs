@@ -81,6 +81,9 @@ pub(crate) enum RespJob {
         remaining: u64,
         first: bool,
         msn: Msn,
+        /// Answers a duplicate request: the original already executed, so the requester may
+        /// have completed the READ and freed the region meanwhile.
+        duplicate: bool,
     },
 }
 
@@ -314,6 +317,7 @@ impl QueuePair {
                     remaining: len,
                     first: true,
                     msn,
+                    duplicate: false,
                 });
             }
             Operation::CompareSwap | Operation::FetchAdd => {
@@ -525,6 +529,7 @@ impl QueuePair {
                         remaining: u64::from(reth.dma_len),
                         first: true,
                         msn,
+                        duplicate: true,
                     });
                 } else {
                     self.stats.drop_psn += 1;
@@ -642,6 +647,7 @@ impl QueuePair {
                 remaining,
                 first,
                 msn,
+                duplicate,
             } => {
                 let mtu = self.attr.path_mtu.bytes() as u64;
                 let chunk = remaining.min(mtu);
@@ -680,9 +686,18 @@ impl QueuePair {
                                 remaining: remaining - chunk,
                                 first: false,
                                 msn,
+                                duplicate,
                             });
                         }
                         Some(len)
+                    }
+                    Err(_) if duplicate => {
+                        // Re-answering a duplicate whose region is gone: the original READ
+                        // executed in full, and the requester, which freed the region, has
+                        // its data. Stop re-answering; do not fail the QP (rxe keeps the MR
+                        // referenced instead; either way the connection survives).
+                        self.stats.drop_state += 1;
+                        self.next_response(buf)
                     }
                     Err(_) => {
                         // The region went away after the request was checked.

@@ -16,6 +16,6 @@ pub(crate) fn udp(local: IpAddr, port: u16) -> Result<Box<dyn Datapath>, OpenErr
 
 /// Opens the `raw` backend on `ifname` with address `local`.
 pub(crate) fn raw(ifname: &str, local: IpAddr) -> Result<Box<dyn Datapath>, OpenError> {
-    let _ = (ifname, local);
-    Err(OpenError::Unsupported("raw backend not built yet"))
+    let dp = super::raw::RawDatapath::open(ifname, local, super::raw::RawOptions::default())?;
+    Ok(Box::new(dp))
 }

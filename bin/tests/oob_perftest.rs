@@ -11,9 +11,10 @@ use std::thread;
 use std::time::Duration;
 
 use oob::perftest::{
-    version_number, BwReport, PerftestConn, PerftestDest, Role, Step, SysData, Tool, KEY_RECORD_LEN,
+    ud_all_sizes, version_number, BwReport, PerftestConn, PerftestDest, Role, Setup, Step, SysData,
+    Tool, KEY_RECORD_LEN, RC_ALL_SIZES,
 };
-use oob::testing::{play, sent_by, transcript, Msg};
+use oob::testing::{options_capture, play, sent_by, transcript, transcript_at, Msg};
 use oob::{OobError, Timeout};
 use roce_wire::{Gid, Psn, Qpn, RKey};
 
@@ -97,14 +98,14 @@ fn captured_client_report(script: &[Msg]) -> BwReport {
 
 /// The message shape a plan implies: (sent by the client, length) per message, the final
 /// `done` pair excluded (its order varies: both sides write without reading).
-fn plan_shape(tool: Tool) -> (Vec<(bool, usize)>, bool) {
+fn plan_shape(plan: &[Step]) -> (Vec<(bool, usize)>, bool) {
     let mut out = Vec::new();
     let mut both = |n: usize| {
         out.push((true, n));
         out.push((false, n));
     };
     let mut done = false;
-    for step in tool.plan() {
+    for step in plan {
         match step {
             Step::Versions => both(16),
             Step::SysData => {
@@ -187,7 +188,7 @@ fn plans_match_the_captured_conversations() {
         let t = transcript(name);
         let mut shape: Vec<(bool, usize)> =
             t.iter().map(|m| (m.from_client, m.bytes.len())).collect();
-        let (expected, done) = plan_shape(tool);
+        let (expected, done) = plan_shape(tool.plan());
         if done {
             let tail: Vec<_> = shape.split_off(shape.len() - 2);
             assert!(
@@ -201,6 +202,90 @@ fn plans_match_the_captured_conversations() {
         }
         assert_eq!(shape, expected, "{name}");
     }
+}
+
+/// With options: `-a`, `-b`, `-c UC`/`UD` (captures made in the lab for this purpose).
+#[test]
+fn plans_with_options_match_the_option_captures() {
+    for (name, tool, sizes) in [
+        ("ib_send_bw_a", Tool::SendBw, RC_ALL_SIZES),
+        ("ib_write_bw_a", Tool::WriteBw, RC_ALL_SIZES),
+        ("ib_read_bw_a", Tool::ReadBw, RC_ALL_SIZES),
+        ("ib_send_lat_a", Tool::SendLat, RC_ALL_SIZES),
+        ("ib_write_lat_a", Tool::WriteLat, RC_ALL_SIZES),
+        ("ib_read_lat_a", Tool::ReadLat, RC_ALL_SIZES),
+        ("ib_write_bw_b", Tool::WriteBw, 1),
+        ("ib_send_bw_uc", Tool::SendBw, 1),
+        ("ib_write_bw_uc", Tool::WriteBw, 1),
+        ("ib_send_lat_ud", Tool::SendLat, 1),
+    ] {
+        let t = transcript_at(&options_capture(name));
+        let mut shape: Vec<(bool, usize)> =
+            t.iter().map(|m| (m.from_client, m.bytes.len())).collect();
+        let plan = tool.plan_for(sizes);
+        if sizes == 1 {
+            assert_eq!(plan, tool.plan(), "{name}");
+        }
+        let (expected, done) = plan_shape(&plan);
+        if done {
+            let tail: Vec<_> = shape.split_off(shape.len() - 2);
+            assert!(
+                tail.contains(&(true, 5)) && tail.contains(&(false, 5)),
+                "{name}: {tail:?}"
+            );
+        }
+        assert_eq!(shape, expected, "{name}");
+    }
+    assert_eq!(ud_all_sizes(1_024), 10);
+    assert_eq!(ud_all_sizes(4_096), 12);
+
+    // -q 2: the first and third hand shakes once per QP, each with its own QP's record.
+    let t = transcript_at(&options_capture("ib_send_bw_q2"));
+    let keys: Vec<PerftestDest> = t
+        .iter()
+        .filter(|m| m.from_client && m.bytes.len() == KEY_RECORD_LEN)
+        .map(|m| PerftestDest::parse(&m.bytes).unwrap())
+        .collect();
+    let qpns: Vec<u32> = keys.iter().map(|k| k.qpn.value()).collect();
+    let (a, b) = (qpns[0], qpns[1]);
+    assert_ne!(a, b);
+    assert_eq!(
+        qpns,
+        [a, b, a, a, b, a, a],
+        "keys, after RTR, print, pre-traffic, close"
+    );
+}
+
+/// [`PerftestConn::run_step`] walks an `-a` plan against our own server.
+#[test]
+fn run_step_walks_an_all_sizes_plan() {
+    let plan = Tool::SendBw.plan_for(RC_ALL_SIZES);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let s_key = key(0x11, 1, [127, 0, 0, 1]);
+    let c_key = key(0x22, 2, [127, 0, 0, 2]);
+    let server_plan = plan.clone();
+    let server = thread::spawn(move || {
+        let mut conn = PerftestConn::accept(&listener, T, T).unwrap();
+        let mut st = Setup::new(3);
+        let mut traffic = 0;
+        for step in &server_plan {
+            conn.run_step(*step, &s_key, &BwReport::default(), &mut st)
+                .unwrap();
+            traffic += usize::from(*step == Step::Traffic);
+        }
+        (st, traffic)
+    });
+    let mut conn = PerftestConn::connect(addr, T).unwrap();
+    let mut st = Setup::new(3);
+    for step in &plan {
+        conn.run_step(*step, &c_key, &BwReport::default(), &mut st)
+            .unwrap();
+    }
+    let (s_st, traffic) = server.join().unwrap();
+    assert_eq!(traffic, RC_ALL_SIZES);
+    assert_eq!((st.peer, s_st.peer), (s_key, c_key));
+    assert_eq!(st.peer_version, "6.06");
 }
 
 /// Our server against each captured stock client: it learns the client's record, and sends

@@ -4,4 +4,5 @@
 //! RC responder and compares what we answer with what rxe answered in the same capture:
 //! opcodes, PSNs, AETH syndromes, MSNs and payload lengths, packet for packet.
 
+pub mod lab;
 pub mod replay;

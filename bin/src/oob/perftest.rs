@@ -6,10 +6,12 @@
 //! (`ctx_xchg_data_ethernet`, `ethernet_write_keys`/`ethernet_read_keys`, `exchange_versions`,
 //! `check_sys_data`, `check_mtu`, `xchg_bw_reports`, `ctx_hand_shake`,
 //! `ctx_close_connection`), the formats in `src/perftest_communication.h`, and the order in
-//! each tool's `main()`: `src/send_bw.c` (also `ib_send_lat`'s sibling `send_lat.c`),
-//! `src/write_bw.c`, `src/read_bw.c`, `src/atomic_bw.c`, `src/write_lat.c`, `src/read_lat.c`.
-//! The counts below were checked message by message against the lab's captures of 6.06
-//! (`shared/captures/ib_*.pcap`); later perftest versions add messages (`negotiate_params`).
+//! each tool's `main()`: `src/send_bw.c`, `src/write_bw.c`, `src/read_bw.c`,
+//! `src/atomic_bw.c`, `src/send_lat.c`, `src/write_lat.c`, `src/read_lat.c` (tag
+//! `v4.5-0.17` for the lab's version). The counts below were checked message by message
+//! against the lab's captures of 6.06 (`shared/captures/ib_*.pcap`, and the variants listed
+//! under "Options that change the order"); later perftest versions add messages
+//! (`negotiate_params`).
 //!
 //! # Messages
 //!
@@ -49,6 +51,18 @@
 //! words are uninitialised stack in 6.06: ignore them). With `-q N` the first hand shake
 //! happens once per QP; `-a`, `-b` (bidirectional) and `-D` add barriers not listed here.
 //! [`Tool::plan`] encodes the table.
+//!
+//! # Options that change the order
+//!
+//! Captured with perftest 6.06 in the lab (`conformance/lab/captures/perftest-options/`,
+//! `-n 5`), checked by `bin/tests/oob_perftest.rs`:
+//!
+//! | option | effect |
+//! |---|---|
+//! | `-a` (sizes 2^1..2^23; UD: up to the MTU) | `ib_send_bw`: the 4th hand shake becomes one hand shake before *and* one after each size (3 + 2 × 23 + close); `ib_send_lat`: one before each size (3 + 23 + close); `ib_write_bw`, `ib_read_bw`, `ib_read_lat`, `ib_write_lat`: unchanged, the sizes run back to back (BW tools: one report at the end). [`Tool::plan_for`] |
+//! | `-q 2` | `ib_send_bw`: the first and the third hand shake happen once per QP, each with that QP's record (2 + 1 + 2 + 1 + close) |
+//! | `-b` | `ib_write_bw -b`: the same sequence as without |
+//! | `-c UC`, `-c UD` | the same sequence as RC (`ib_send_bw`, `ib_write_bw`, `ib_send_lat`) |
 
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::Duration;
@@ -274,6 +288,57 @@ impl Tool {
             Self::WriteLat => &[Versions, SysData, Mtu, Hs, Hs, Hs, Hs, Traffic],
         }
     }
+
+    /// The exchange for 1 QP and `sizes` message sizes: 1, or with `-a` [`RC_ALL_SIZES`]
+    /// (UD: [`ud_all_sizes`]). [`Step::Traffic`] appears once per size; `plan_for(1)` is
+    /// [`Self::plan`]. Checked against the lab's `-a` captures
+    /// (`conformance/lab/captures/perftest-options/`).
+    pub(crate) fn plan_for(self, sizes: usize) -> Vec<Step> {
+        use Step::{BwReport, Close, HandShake as Hs, Mtu, SysData, Traffic, Versions};
+        let sizes = sizes.max(1);
+        let mut plan = vec![Versions, SysData, Mtu];
+        match self {
+            Self::SendBw => {
+                plan.extend([Hs, Hs, Hs]);
+                for _ in 0..sizes {
+                    plan.extend([Hs, Traffic]);
+                    if sizes > 1 {
+                        plan.push(Hs);
+                    }
+                }
+                plan.push(Close);
+            }
+            Self::WriteBw | Self::ReadBw | Self::AtomicBw => {
+                plan.extend([Hs, Hs, Hs]);
+                plan.extend(std::iter::repeat_n(Traffic, sizes));
+                plan.extend([Hs, BwReport, Close]);
+            }
+            Self::SendLat => {
+                plan.extend([Hs, Hs, Hs]);
+                for _ in 0..sizes {
+                    plan.extend([Hs, Traffic]);
+                }
+                plan.push(Close);
+            }
+            Self::ReadLat | Self::WriteLat => {
+                plan.extend([Hs, Hs, Hs, Hs]);
+                plan.extend(std::iter::repeat_n(Traffic, sizes));
+                if self == Self::ReadLat {
+                    plan.push(Close);
+                }
+            }
+        }
+        plan
+    }
+}
+
+/// Message sizes of `-a` on RC and UC: 2^1 ..= 2^23 bytes.
+pub(crate) const RC_ALL_SIZES: usize = 23;
+
+/// Message sizes of `-a` on UD: 2^1 up to the path MTU (10 at MTU 1024), as
+/// `size_max_pow = log2(MTU) + 1` in `send_bw.c`.
+pub(crate) fn ud_all_sizes(mtu_bytes: u32) -> usize {
+    mtu_bytes.max(2).ilog2() as usize
 }
 
 /// One side of a perftest exchange over an established TCP connection.
@@ -491,10 +556,8 @@ impl PerftestConn {
     /// # Errors
     /// The hand shake failed, or `done` could not be written.
     pub(crate) fn close(mut self, mine: &PerftestDest) -> Result<(), OobError> {
-        self.hand_shake(mine)?;
-        write_msg(&mut self.stream, DONE, self.timeout, "send done")?;
-        drain_done(&mut self.stream, Duration::from_millis(500));
-        Ok(())
+        let mut st = Setup::new(1);
+        self.run_step(Step::Close, mine, &BwReport::default(), &mut st)
     }
 
     /// Runs `tool`'s plan up to and including the first hand shake: versions, sys data, MTU
@@ -512,25 +575,17 @@ impl PerftestConn {
         mine: &PerftestDest,
         mtu_enum: u8,
     ) -> Result<Setup, OobError> {
-        let mut out = Setup {
-            peer: PerftestDest::default(),
-            mtu_enum,
-            peer_version: String::new(),
-            peer_sys: SysData::default(),
-        };
+        let mut st = Setup::new(mtu_enum);
         for step in tool.plan() {
-            match step {
-                Step::Versions => out.peer_version = self.exchange_versions()?,
-                Step::SysData => out.peer_sys = self.exchange_sys_data(SysData::default())?,
-                Step::Mtu => out.mtu_enum = self.exchange_mtu(mtu_enum)?,
-                Step::HandShake => {
-                    out.peer = self.hand_shake(mine)?;
-                    break;
-                }
-                Step::Traffic | Step::BwReport | Step::Close => break,
+            if *step == Step::Traffic {
+                break;
+            }
+            self.run_step(*step, mine, &BwReport::default(), &mut st)?;
+            if *step == Step::HandShake {
+                break;
             }
         }
-        Ok(out)
+        Ok(st)
     }
 
     /// The barriers between the first hand shake and the traffic (the rest of the hand
@@ -573,18 +628,41 @@ impl PerftestConn {
             .iter()
             .position(|s| *s == Step::Traffic)
             .map_or(plan.len(), |i| i + 1);
-        let mut theirs = None;
+        let mut st = Setup::new(1);
         for step in &plan[after..] {
-            match step {
-                Step::HandShake => {
-                    self.hand_shake(mine)?;
-                }
-                Step::BwReport => theirs = Some(self.exchange_bw_report(report)?),
-                Step::Close => return self.close(mine).map(|()| theirs),
-                Step::Versions | Step::SysData | Step::Mtu | Step::Traffic => {}
+            self.run_step(*step, mine, report, &mut st)?;
+        }
+        Ok(st.peer_report)
+    }
+
+    /// Runs one step of a plan ([`Tool::plan_for`] for `-a`): the caller walks the plan,
+    /// connects its QP after the first [`Step::HandShake`] and runs one size's traffic at
+    /// each [`Step::Traffic`] (a no-op here). `report` is what [`Step::BwReport`] sends.
+    /// [`Step::Close`] ends the exchange (hand shake, `done`); the socket closes on drop.
+    ///
+    /// # Errors
+    /// The step's.
+    pub(crate) fn run_step(
+        &mut self,
+        step: Step,
+        mine: &PerftestDest,
+        report: &BwReport,
+        st: &mut Setup,
+    ) -> Result<(), OobError> {
+        match step {
+            Step::Versions => st.peer_version = self.exchange_versions()?,
+            Step::SysData => st.peer_sys = self.exchange_sys_data(SysData::default())?,
+            Step::Mtu => st.mtu_enum = self.exchange_mtu(st.mtu_enum)?,
+            Step::HandShake => st.peer = self.hand_shake(mine)?,
+            Step::Traffic => {}
+            Step::BwReport => st.peer_report = Some(self.exchange_bw_report(report)?),
+            Step::Close => {
+                self.hand_shake(mine)?;
+                write_msg(&mut self.stream, DONE, self.timeout, "send done")?;
+                drain_done(&mut self.stream, Duration::from_millis(500));
             }
         }
-        Ok(theirs)
+        Ok(())
     }
 
     /// The underlying stream.
@@ -593,17 +671,32 @@ impl PerftestConn {
     }
 }
 
-/// What [`PerftestConn::exchange_keys`] learned.
+/// What the exchange learned ([`PerftestConn::exchange_keys`], [`PerftestConn::run_step`]).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Setup {
     /// The peer's key record (its last hand shake).
     pub(crate) peer: PerftestDest,
-    /// The MTU enum both sides use.
+    /// Our MTU enum before [`Step::Mtu`], the one both sides use after it.
     pub(crate) mtu_enum: u8,
     /// The peer's version string.
     pub(crate) peer_version: String,
     /// The peer's sys data.
     pub(crate) peer_sys: SysData,
+    /// The peer's BW report, after [`Step::BwReport`].
+    pub(crate) peer_report: Option<BwReport>,
+}
+
+impl Setup {
+    /// Nothing learned yet; `mtu_enum` is ours (1 = 256 … 5 = 4096).
+    pub(crate) fn new(mtu_enum: u8) -> Self {
+        Self {
+            peer: PerftestDest::default(),
+            mtu_enum,
+            peer_version: String::new(),
+            peer_sys: SysData::default(),
+            peer_report: None,
+        }
+    }
 }
 
 /// `atof` of a version string: the leading `digits[.digits]`.

@@ -34,8 +34,22 @@ pub(crate) fn captures_dir() -> PathBuf {
 /// # Panics
 /// A missing or unreadable capture: the captures are the ground truth.
 pub(crate) fn transcript(name: &str) -> Vec<Msg> {
-    let path = captures_dir().join(format!("{name}.pcap"));
-    let file = std::fs::File::open(&path)
+    transcript_at(&captures_dir().join(format!("{name}.pcap")))
+}
+
+/// The perftest captures with options (`conformance/lab/captures/perftest-options/`).
+pub(crate) fn options_capture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../conformance/lab/captures/perftest-options")
+        .join(format!("{name}.pcap"))
+}
+
+/// The TCP/18515 payloads of the capture at `path`, one per segment.
+///
+/// # Panics
+/// A missing or unreadable capture.
+pub(crate) fn transcript_at(path: &std::path::Path) -> Vec<Msg> {
+    let file = std::fs::File::open(path)
         .unwrap_or_else(|e| panic!("capture {} unreadable: {e}", path.display()));
     let frames = roce_wire::pcap::read_capture(file).expect("a pcap file");
     let mut out: Vec<Msg> = Vec::new();

@@ -1,0 +1,126 @@
+//! Live interop against Linux rdma_rxe (`shared/lab/rxe/`), both directions per tool.
+//!
+//! Runs only with `ROCE_LAB=1` (it needs root, `/dev/net/tun` and about a minute; without
+//! the variable it prints why it is skipped and passes):
+//!
+//! ```sh
+//! sudo ROCE_LAB=1 cargo test --release -p roce-conformance --test lab_interop -- --nocapture
+//! ```
+//!
+//! Each row of [`CASES`] is one tool in one direction. Until the rocectl tools exist the
+//! table holds the lab's own userspace peer, `py_rc_pingpong.py`, as the stand-in for "ours";
+//! rows for `rocectl rc-pingpong`, `send-bw`, ... replace and extend it (`@ROCECTL@` is
+//! `target/release/rocectl`, or `$ROCECTL`).
+//!
+//! The run writes `target/lab/<case>.{pcap,txt}` and rewrites the generated section of
+//! `conformance/README.md` (not with `ROCE_LAB_README=0`). `ROCE_LAB_CASES=a,b` runs only the
+//! cases whose names contain one of the words. See `conformance/lab/README.md`.
+
+use std::path::Path;
+use std::time::{Instant, SystemTime};
+
+use roce_conformance::lab::{
+    render_results, update_readme, InteropCase, Lab, LabConfig, LabReport, Side,
+};
+
+/// The interop table.
+const CASES: &[InteropCase] = &[
+    InteropCase {
+        name: "py_rc_pingpong_client",
+        guest_cmd: "ibv_rc_pingpong -d rxe0 -g $(lab-info gid) -s 3000 -n 10",
+        host_cmd: "python3 @LAB_DIR@/py_rc_pingpong.py --server @GUEST_IP@ --local-ip @HOST_IP@ \
+                   --size 3000 --iters 10",
+        server_side: Side::Guest,
+    },
+    InteropCase {
+        name: "py_rc_pingpong_server",
+        guest_cmd: "ibv_rc_pingpong -d rxe0 -g $(lab-info gid) -s 3000 -n 10 @HOST_IP@",
+        host_cmd: "python3 @LAB_DIR@/py_rc_pingpong.py --listen --local-ip @HOST_IP@ \
+                   --size 3000 --iters 10",
+        server_side: Side::Host,
+    },
+];
+
+#[test]
+fn lab_interop() {
+    if std::env::var("ROCE_LAB").as_deref() != Ok("1") {
+        eprintln!(
+            "lab_interop: skipped; set ROCE_LAB=1 (needs root and /dev/net/tun) to run the \
+             live rdma_rxe suite"
+        );
+        return;
+    }
+    let started = SystemTime::now();
+    let t0 = Instant::now();
+    let cfg = LabConfig::from_env();
+    if let Err(e) = Lab::prerequisites(&cfg) {
+        panic!("{e}");
+    }
+    let prepare = Lab::prepare(&cfg).unwrap_or_else(|e| panic!("preparing the lab: {e}"));
+    eprintln!("lab: prepared in {:.1}s", prepare.as_secs_f64());
+    let lab = Lab::up(cfg).unwrap_or_else(|e| panic!("booting the lab: {e}"));
+    eprintln!(
+        "lab: guest {} up in {:.1}s, GID index {}",
+        lab.info().guest_ip,
+        lab.up_time().as_secs_f64(),
+        lab.info().gid_index
+    );
+    let environment = lab.describe();
+    let up_time = lab.up_time();
+    let filter: Vec<String> = std::env::var("ROCE_LAB_CASES")
+        .map(|v| v.split(',').map(str::to_owned).collect())
+        .unwrap_or_default();
+    let cases_t0 = Instant::now();
+    let selected: Vec<InteropCase> = CASES
+        .iter()
+        .filter(|c| filter.is_empty() || filter.iter().any(|f| c.name.contains(f.as_str())))
+        .copied()
+        .collect();
+    let results = lab.run_cases(&selected);
+    for r in &results {
+        eprintln!(
+            "lab: {} {} in {:.1}s ({})",
+            if r.passed() { "PASS" } else { "FAIL" },
+            r.name,
+            r.elapsed.as_secs_f64(),
+            r.log.display()
+        );
+    }
+    let cases_time = cases_t0.elapsed();
+    let down = lab
+        .down()
+        .unwrap_or_else(|e| panic!("tearing the lab down: {e}"));
+    let report = LabReport {
+        started,
+        environment,
+        timings: vec![
+            ("prepare (host-deps.sh + build.sh)".to_owned(), prepare),
+            ("boot (host-peer.sh up)".to_owned(), up_time),
+            (format!("{} cases", results.len()), cases_time),
+            ("teardown".to_owned(), down),
+            ("total".to_owned(), t0.elapsed()),
+        ],
+        results: &results,
+        command: "sudo ROCE_LAB=1 cargo test --release -p roce-conformance --test lab_interop"
+            .to_owned(),
+    };
+    if std::env::var("ROCE_LAB_README").as_deref() != Ok("0") {
+        let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+        update_readme(&readme, &render_results(&report))
+            .unwrap_or_else(|e| panic!("writing {}: {e}", readme.display()));
+    }
+    let failed: Vec<String> = results
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| {
+            format!(
+                "{}: {} (see {})",
+                r.name,
+                r.failure.as_deref().unwrap_or(""),
+                r.log.display()
+            )
+        })
+        .collect();
+    assert!(!results.is_empty(), "no case matched ROCE_LAB_CASES");
+    assert!(failed.is_empty(), "failed cases:\n{}", failed.join("\n"));
+}

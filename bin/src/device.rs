@@ -1,0 +1,325 @@
+//! Device selection shared by every tool that opens an RDMA device (`rc-pingpong`, the
+//! perftest tools, `devinfo`).
+//!
+//! A rocectl device is a network interface. The stock tools name an rdma device (`-d rxe0`)
+//! and a GID index (`-g 1` / `-x 1`); rocectl takes the interface itself (`-d eth0`) and the
+//! same GID index, into the table Linux rdma_rxe would build for that interface
+//! ([`roce_transport::netdev::NetDevice::gid_table`]: 0 = `fe80::` + EUI-64 of the MAC, then
+//! the IPv4-mapped GID of each IPv4 address, then the other IPv6 addresses), so an index means
+//! what it means on Soft-RoCE. The device then sends from that GID's IP address: the `udp`
+//! backend binds `IP:4791`, the `raw` backend uses the interface with that source address.
+//!
+//! Which interface, without `-d`:
+//!
+//! - a client (a peer address is known): the interface the kernel routes the peer through,
+//!   and, without `-g`, the index of the source address that route picks;
+//! - a server (no peer): the interface of the default route, and, without `-g`, its first
+//!   IPv4 GID (index 1 on an interface with one IPv4 address, as `lab-info gid` on rxe). A
+//!   host without a default route (a bare network namespace) must name the interface.
+//!
+//! Errors name what exists: an unknown interface lists the interfaces, a GID index past the
+//! table prints the table, and index 0 explains when its link-local address is not configured
+//! (rxe lists it even with IPv6 off, but nothing can be sent from an address the host does
+//! not have).
+
+// The tools that use this module land next (pingpong, perftest, devinfo).
+#![allow(dead_code)]
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::ValueEnum;
+use roce_transport::netdev::{self, NetDevice};
+use roce_transport::{Backend, Device, DeviceConfig, Gid, GidEntry, Mtu};
+
+/// The datapath a tool's device uses (`--backend`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BackendKind {
+    /// A kernel UDP socket bound to the GID's address, port 4791 (no privileges).
+    #[default]
+    Udp,
+    /// Whole Ethernet frames on the interface (`AF_PACKET`, needs `CAP_NET_RAW`).
+    Raw,
+}
+
+/// What a tool knows when it opens its device.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct DeviceArgs {
+    /// The interface (`-d/--ib-dev`); `None`: chosen by route (see the module docs).
+    pub(crate) ib_dev: Option<String>,
+    /// The GID index (`-g/--gid-idx`, perftest `-x`); `None`: the index of the address the
+    /// route (client) or the interface's first IPv4 address (server) gives.
+    pub(crate) gid_idx: Option<u8>,
+    /// The datapath.
+    pub(crate) backend: BackendKind,
+    /// The peer's address (a client's server), used to pick the interface and source address.
+    pub(crate) peer: Option<IpAddr>,
+    /// The device's active path MTU; `None`: the largest the interface MTU allows (as rxe).
+    pub(crate) mtu: Option<Mtu>,
+    /// Capture every frame to this pcap file (`{dev}` is replaced by the device name).
+    pub(crate) pcap: Option<PathBuf>,
+}
+
+/// Opens the device `args` describe. Returns it with the GID index in use and its GID (what
+/// the tool puts in its out-of-band record and prints as `GID`).
+///
+/// # Errors
+/// No such interface, no route to the peer, no default route (server without `-d`), a GID
+/// index that does not exist (the message prints the table) or whose address is not
+/// configured, an address already in use, an MTU the interface cannot carry.
+pub(crate) fn open_device(args: DeviceArgs) -> anyhow::Result<(Device, u8, Gid)> {
+    let (dev, routed_src) = select_interface(args.ib_dev.as_deref(), args.peer)?;
+    let table = dev.gid_table();
+    let index = match args.gid_idx {
+        Some(i) => i,
+        None => default_index(&dev, &table, routed_src)?,
+    };
+    let Some(entry) = table.iter().find(|e| e.index == index) else {
+        bail!(
+            "GID index {index} does not exist on {}: its GID table has {} entries (indexes \
+             0..={}):\n{}",
+            dev.name,
+            table.len(),
+            table.len().saturating_sub(1),
+            describe_table(&dev, &table)
+        );
+    };
+    let ip = entry.gid.to_ip();
+    if !dev.has_addr(ip) {
+        bail!("{}", unusable_gid(&dev, entry, &table));
+    }
+    if let IpAddr::V6(v6) = ip {
+        if is_link_local(v6) {
+            bail!(
+                "GID index {index} of {} is the link-local address {v6}: rocectl cannot send \
+                 from a link-local address yet (it needs the interface scope); use an IPv4 or \
+                 global IPv6 GID index:\n{}",
+                dev.name,
+                describe_table(&dev, &table)
+            );
+        }
+    }
+    let backend = match args.backend {
+        BackendKind::Udp => Backend::Udp {
+            local: ip,
+            port: roce_wire::frame::ROCEV2_PORT,
+        },
+        BackendKind::Raw => Backend::Raw {
+            ifname: dev.name.clone(),
+            local: ip,
+        },
+    };
+    let mut config = DeviceConfig::new(backend).name(dev.name.clone());
+    config.mtu = args.mtu;
+    config.pcap = args.pcap;
+    let device = Device::open(config).with_context(|| {
+        format!(
+            "opening device {} (GID index {index}, {ip}, {} backend)",
+            dev.name,
+            backend_name(args.backend)
+        )
+    })?;
+    Ok((device, index, entry.gid))
+}
+
+/// The interface named `ib_dev`, else the one routing to `peer`, else the default route's.
+/// Also returns the source address the route chose, if a route was used.
+fn select_interface(
+    ib_dev: Option<&str>,
+    peer: Option<IpAddr>,
+) -> anyhow::Result<(NetDevice, Option<IpAddr>)> {
+    if let Some(name) = ib_dev {
+        let dev = netdev::interface(name).map_err(|e| anyhow::anyhow!("-d {name}: {e}"))?;
+        // A route through this interface picks the source address when the peer is known.
+        let src = peer
+            .and_then(|p| netdev::route_to(p).ok())
+            .filter(|(_, d)| d.name == dev.name)
+            .map(|(ip, _)| ip);
+        return Ok((dev, src));
+    }
+    if let Some(peer) = peer {
+        let (src, dev) = netdev::route_to(peer)
+            .with_context(|| format!("finding the interface that reaches {peer} (or use -d)"))?;
+        return Ok((dev, Some(src)));
+    }
+    // A server: the interface of the default route. Connecting a UDP socket sends nothing; it
+    // only asks the routing table, so documentation addresses (RFC 5737/3849) do.
+    let probes: [IpAddr; 2] = [
+        Ipv4Addr::new(192, 0, 2, 1).into(),
+        Ipv6Addr::new(0x2001, 0x0DB8, 0, 0, 0, 0, 0, 1).into(),
+    ];
+    for probe in probes {
+        if let Ok((src, dev)) = netdev::route_to(probe) {
+            return Ok((dev, Some(src)));
+        }
+    }
+    let listing = netdev::interfaces()
+        .map(|all| {
+            all.iter()
+                .filter(|d| d.addrs().next().is_some())
+                .map(|d| {
+                    let addrs: Vec<String> = d.addrs().map(|a| a.to_string()).collect();
+                    format!("{} ({})", d.name, addrs.join(", "))
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    bail!(
+        "no default route to pick a device from: name one with -d IFNAME (interfaces with an \
+         address: {listing})"
+    )
+}
+
+/// The GID index to use without `-g`: the routed source address's, else the first IPv4 GID,
+/// else the first non-link-local one.
+fn default_index(
+    dev: &NetDevice,
+    table: &[GidEntry],
+    routed_src: Option<IpAddr>,
+) -> anyhow::Result<u8> {
+    if let Some(i) = routed_src.and_then(|src| dev.gid_index_of(src)) {
+        return Ok(i);
+    }
+    if let Some(i) = dev.ipv4_gid_index() {
+        return Ok(i);
+    }
+    let usable = table.iter().find(|e| match e.gid.to_ip() {
+        IpAddr::V6(v6) => !is_link_local(v6) && dev.has_addr(IpAddr::V6(v6)),
+        IpAddr::V4(_) => true,
+    });
+    match usable {
+        Some(e) => Ok(e.index),
+        None => bail!(
+            "{} has no IP address a RoCE device can send from; add one (`ip addr add ... dev \
+             {}`) or pick another interface with -d:\n{}",
+            dev.name,
+            dev.name,
+            describe_table(dev, table)
+        ),
+    }
+}
+
+/// Why `entry`'s address cannot be used, with the table.
+fn unusable_gid(dev: &NetDevice, entry: &GidEntry, table: &[GidEntry]) -> String {
+    let ip = entry.gid.to_ip();
+    if entry.index == 0 {
+        format!(
+            "GID index 0 of {} is the link-local GID {ip} that rxe builds from the MAC (it lists \
+             it even when IPv6 is off), but {} has no such address configured, so nothing can be \
+             sent from it; use an IPv4 GID index instead (usually -g 1):\n{}",
+            dev.name,
+            dev.name,
+            describe_table(dev, table)
+        )
+    } else {
+        format!(
+            "GID index {} of {} ({ip}) is not configured on the interface:\n{}",
+            entry.index,
+            dev.name,
+            describe_table(dev, table)
+        )
+    }
+}
+
+/// The table as `ibv_devinfo -v` prints it, with a note on unusable entries.
+pub(crate) fn describe_table(dev: &NetDevice, table: &[GidEntry]) -> String {
+    let mut out = String::new();
+    for e in table {
+        let ip = e.gid.to_ip();
+        let note = if !dev.has_addr(ip) {
+            "  (address not configured: unusable)"
+        } else if matches!(ip, IpAddr::V6(v6) if is_link_local(v6)) {
+            "  (link-local: unusable by rocectl)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "  GID[{:>3}]: {}, {}{note}",
+            e.index,
+            ip_text(e.gid),
+            e.kind
+        );
+    }
+    out.pop();
+    out
+}
+
+/// A GID as `inet_ntop(AF_INET6)` prints it (what the stock tools print): `::ffff:10.77.0.1`,
+/// `fe80::5054:ff:fe77:1`.
+pub(crate) fn ip_text(gid: Gid) -> String {
+    let v6 = Ipv6Addr::from(gid.0);
+    match v6.to_ipv4_mapped() {
+        // Rust prints mapped addresses the same way as glibc; keep it explicit.
+        Some(v4) => format!("::ffff:{v4}"),
+        None => v6.to_string(),
+    }
+}
+
+fn is_link_local(v6: Ipv6Addr) -> bool {
+    v6.segments()[0] & 0xFFC0 == 0xFE80
+}
+
+fn backend_name(kind: BackendKind) -> &'static str {
+    match kind {
+        BackendKind::Udp => "udp",
+        BackendKind::Raw => "raw",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ip_text_is_inet_ntop() {
+        let v4 = Gid::from_ip(Ipv4Addr::new(10, 77, 0, 1).into());
+        assert_eq!(ip_text(v4), "::ffff:10.77.0.1");
+        let ll: Ipv6Addr = "fe80::5054:ff:fe77:1".parse().unwrap();
+        assert_eq!(ip_text(Gid::from_ip(ll.into())), "fe80::5054:ff:fe77:1");
+        assert_eq!(ip_text(Gid::ZERO), "::");
+    }
+
+    #[test]
+    fn gid_index_past_the_table_prints_it() {
+        let err = open_device(DeviceArgs {
+            ib_dev: Some("lo".into()),
+            gid_idx: Some(200),
+            ..DeviceArgs::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("GID index 200 does not exist on lo"), "{err}");
+        assert!(err.contains("GID[  1]: ::ffff:127.0.0.1, RoCE v2"), "{err}");
+    }
+
+    #[test]
+    fn index_zero_on_lo_is_explained() {
+        let err = open_device(DeviceArgs {
+            ib_dev: Some("lo".into()),
+            gid_idx: Some(0),
+            ..DeviceArgs::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("GID index 0 of lo is the link-local GID"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_interface_lists_the_others() {
+        let err = open_device(DeviceArgs {
+            ib_dev: Some("nosuchif0".into()),
+            ..DeviceArgs::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("nosuchif0"), "{err}");
+        assert!(err.contains("lo"), "{err}");
+    }
+}

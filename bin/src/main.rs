@@ -3,7 +3,9 @@
 //! One binary, one subcommand per command family, one module per family:
 //!
 //! - `rocectl demo` ([`demo`]): two devices on loopback, every operation, data verified;
-//! - `rocectl pcap …` ([`pcap`]): check, dump and generate RoCEv2 captures with the wire codec.
+//! - `rocectl pcap …` ([`pcap`]): check, dump and generate RoCEv2 captures with the wire codec;
+//! - `rocectl rc-pingpong`, `uc-pingpong`, `ud-pingpong`, `srq-pingpong` ([`pingpong`]):
+//!   rdma-core's `ibv_*_pingpong`, interoperable with them.
 //!
 //! Errors are reported with `anyhow` at this level only: each command returns
 //! `anyhow::Result<ExitCode>`, and [`main`] prints `rocectl: error: …` with its causes and exits
@@ -18,6 +20,7 @@ mod demo;
 mod device;
 mod oob;
 mod pcap;
+mod pingpong;
 
 /// Command-line arguments.
 #[derive(Debug, Parser)]
@@ -40,6 +43,14 @@ enum Command {
     /// Check, dump and generate RoCEv2 packet captures (pcap/pcapng)
     #[command(subcommand)]
     Pcap(pcap::PcapCommand),
+    /// RC SEND pingpong, interoperable with rdma-core's ibv_rc_pingpong
+    RcPingpong(pingpong::RcArgs),
+    /// UC SEND pingpong, interoperable with rdma-core's ibv_uc_pingpong
+    UcPingpong(pingpong::UcArgs),
+    /// UD SEND pingpong, interoperable with rdma-core's ibv_ud_pingpong
+    UdPingpong(pingpong::UdArgs),
+    /// RC SEND pingpong over several QPs sharing a receive queue (ibv_srq_pingpong)
+    SrqPingpong(pingpong::SrqArgs),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +58,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
         Command::Pcap(cmd) => pcap::run(cmd),
+        Command::RcPingpong(args) => pingpong::run_rc(args),
+        Command::UcPingpong(args) => pingpong::run_uc(args),
+        Command::UdPingpong(args) => pingpong::run_ud(args),
+        Command::SrqPingpong(args) => pingpong::run_srq(args),
     };
     match result {
         Ok(code) => code,

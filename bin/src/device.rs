@@ -23,7 +23,7 @@
 //! not have).
 
 use std::fmt::Write as _;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
@@ -144,15 +144,11 @@ fn select_interface(
             .with_context(|| format!("finding the interface that reaches {peer} (or use -d)"))?;
         return Ok((dev, Some(src)));
     }
-    // A server: the interface of the default route. Connecting a UDP socket sends nothing; it
-    // only asks the routing table, so documentation addresses (RFC 5737/3849) do.
-    let probes: [IpAddr; 2] = [
-        Ipv4Addr::new(192, 0, 2, 1).into(),
-        Ipv6Addr::new(0x2001, 0x0DB8, 0, 0, 0, 0, 0, 1).into(),
-    ];
-    for probe in probes {
-        if let Ok((src, dev)) = netdev::route_to(probe) {
-            return Ok((dev, Some(src)));
+    // A server: the interface of the default route (IPv4, else IPv6), from the kernel's
+    // routing tables of this network namespace.
+    if let Some(name) = default_route_interface() {
+        if let Ok(dev) = netdev::interface(&name) {
+            return Ok((dev, None));
         }
     }
     let listing = netdev::interfaces()
@@ -172,6 +168,47 @@ fn select_interface(
          address: {listing})"
     )
 }
+
+/// The interface of the default route: the lowest-metric `0.0.0.0/0` entry of
+/// `/proc/net/route`, else the `::/0` entry of `/proc/net/ipv6_route` that is up and not a
+/// reject route. Both files show the routes of the reader's network namespace.
+fn default_route_interface() -> Option<String> {
+    let v4 = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+    let best_v4 = v4
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            // Iface Destination Gateway Flags RefCnt Use Metric Mask ...
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let flags = u32::from_str_radix(f.get(3)?, 16).ok()?;
+            let metric: u32 = f.get(6)?.parse().ok()?;
+            let default = *f.get(1)? == "00000000" && *f.get(7)? == "00000000";
+            (default && flags & RTF_UP != 0).then(|| (metric, f[0].to_owned()))
+        })
+        .min();
+    if let Some((_, name)) = best_v4 {
+        return Some(name);
+    }
+    let v6 = std::fs::read_to_string("/proc/net/ipv6_route").unwrap_or_default();
+    v6.lines()
+        .filter_map(|line| {
+            // dest plen src splen nexthop metric refcnt use flags iface
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let flags = u32::from_str_radix(f.get(8)?, 16).ok()?;
+            let metric = u32::from_str_radix(f.get(5)?, 16).ok()?;
+            let default = f.first()?.bytes().all(|b| b == b'0') && *f.get(1)? == "00";
+            let usable = flags & RTF_UP != 0 && flags & RTF_REJECT == 0;
+            let name = f.get(9)?.to_string();
+            (default && usable).then_some((metric, name))
+        })
+        .min()
+        .map(|(_, name)| name)
+}
+
+/// `RTF_UP` in the kernel's route flags.
+const RTF_UP: u32 = 0x0001;
+/// `RTF_REJECT`: an unreachable route (the `::/0` entry on `lo` without IPv6 routing).
+const RTF_REJECT: u32 = 0x0200;
 
 /// The GID index to use without `-g`: the routed source address's, else the first IPv4 GID,
 /// else the first non-link-local one.
@@ -280,6 +317,8 @@ fn backend_name(kind: BackendKind) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     #[test]

@@ -3,6 +3,8 @@
 //! One binary, one subcommand per command family, one module per family:
 //!
 //! - `rocectl demo` ([`demo`]): two devices on loopback, every operation, data verified;
+//! - `rocectl devinfo` ([`devinfo`]): the devices (network interfaces) and their GID tables,
+//!   like `ibv_devinfo -v`;
 //! - `rocectl pcap …` ([`pcap`]): check, dump and generate RoCEv2 captures with the wire codec;
 //! - `rocectl rc-pingpong`, `uc-pingpong`, `ud-pingpong`, `srq-pingpong` ([`pingpong`]):
 //!   rdma-core's `ibv_*_pingpong`, interoperable with them.
@@ -18,6 +20,7 @@ use clap::{Parser, Subcommand};
 
 mod demo;
 mod device;
+mod devinfo;
 mod oob;
 mod pcap;
 mod pingpong;
@@ -40,6 +43,8 @@ struct Cli {
 enum Command {
     /// Two devices on loopback (127.0.0.1, 127.0.0.2): every RDMA operation, data verified
     Demo(demo::DemoArgs),
+    /// Show the devices (network interfaces), their ports and GID tables, like ibv_devinfo -v
+    Devinfo(devinfo::DevinfoArgs),
     /// Check, dump and generate RoCEv2 packet captures (pcap/pcapng)
     #[command(subcommand)]
     Pcap(pcap::PcapCommand),
@@ -57,6 +62,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
+        Command::Devinfo(args) => devinfo::run(&args),
         Command::Pcap(cmd) => pcap::run(cmd),
         Command::RcPingpong(args) => pingpong::run_rc(args),
         Command::UcPingpong(args) => pingpong::run_uc(args),

@@ -114,19 +114,22 @@ pub(super) fn run(opts: &Options) -> anyhow::Result<ExitCode> {
     let oob_timeout = Timeout::After(Duration::from_secs_f64(c.oob_timeout));
     let (theirs, remotes) = match &server_addrs {
         Some(addrs) => {
-            let stream = oob::connect(&addrs[..], oob_timeout).with_context(|| {
-                format!(
-                    "Couldn't connect to {}:{} (is the server running? `rocectl {}` or the \
+            let stream = oob::connect(&addrs[..], oob_timeout)
+                .map_err(flat)
+                .with_context(|| {
+                    format!(
+                        "Couldn't connect to {}:{} (is the server running? `rocectl {}` or the \
                      stock tool without a host)",
-                    c.host.as_deref().unwrap_or_default(),
-                    c.port,
-                    tool_name(opts.tool)
-                )
-            })?;
+                        c.host.as_deref().unwrap_or_default(),
+                        c.port,
+                        tool_name(opts.tool)
+                    )
+                })?;
             let tcp_peer = stream.peer_addr().map(|a| a.ip()).unwrap_or(addrs[0].ip());
             let mut conn = PingpongConn::new(stream, layout, oob_timeout);
             let theirs = conn
                 .client_exchange(&mine)
+                .map_err(flat)
                 .context("Couldn't read/write remote address")?;
             let remotes = remote_qps(&theirs, opts.num_qp, tcp_peer, gid)?;
             (theirs, remotes)
@@ -136,14 +139,21 @@ pub(super) fn run(opts: &Options) -> anyhow::Result<ExitCode> {
             let accept_timeout = c.timeout.map_or(Timeout::Never, |s| {
                 Timeout::After(Duration::from_secs_f64(s))
             });
-            let (stream, tcp_peer) = oob::accept(&listener, accept_timeout)
-                .with_context(|| format!("waiting for a client on TCP port {}", c.port))?;
+            let (stream, tcp_peer) =
+                oob::accept(&listener, accept_timeout).map_err(|e| match e {
+                    oob::OobError::Timeout { waited, .. } => anyhow::anyhow!(
+                        "no client connected to TCP port {} within {waited} (--timeout)",
+                        c.port
+                    ),
+                    other => flat(other).context(format!("accepting a client on port {}", c.port)),
+                })?;
             drop(listener);
             let mut conn = PingpongConn::new(stream, layout, oob_timeout);
             let theirs = conn.server_read().context("Couldn't read remote address")?;
             let remotes = remote_qps(&theirs, opts.num_qp, tcp_peer.ip(), gid)?;
             res.connect(&remotes, &mine, opts)?;
             conn.server_reply(&mine)
+                .map_err(flat)
                 .context("Couldn't send/recv local address")?;
             (theirs, remotes)
         }
@@ -622,6 +632,12 @@ fn resolve(host: &str, port: u16) -> anyhow::Result<Vec<SocketAddr>> {
         bail!("{host} has no address");
     }
     Ok(addrs)
+}
+
+/// An exchange error as one message: its `Display` already includes its cause, which
+/// `anyhow`'s `{:#}` would print a second time.
+fn flat(e: oob::OobError) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
 }
 
 fn grh_len(tool: Tool) -> usize {

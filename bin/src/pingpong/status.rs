@@ -83,19 +83,19 @@ pub(crate) fn hints(f: &Failure<'_>) -> Vec<String> {
     }
     if s.drop_length > 0 {
         out.push(format!(
-            "{} packets from the peer were dropped for their length: {mismatch}",
+            "{} packet(s) from the peer were dropped for their length: {mismatch}",
             s.drop_length
         ));
     }
     if s.drop_qkey > 0 {
         out.push(format!(
-            "{} packets were dropped for a wrong Q_Key (the pingpong tools use 0x11111111)",
+            "{} packet(s) were dropped for a wrong Q_Key (the pingpong tools use 0x11111111)",
             s.drop_qkey
         ));
     }
     if s.drop_no_recv > 0 {
         out.push(format!(
-            "{} packets were dropped because no receive was posted",
+            "{} packet(s) were dropped because no receive was posted",
             s.drop_no_recv
         ));
     }
@@ -115,7 +115,8 @@ pub(crate) fn hints(f: &Failure<'_>) -> Vec<String> {
             .push("the peer had no receive posted for too long (RNR retries exhausted)".to_owned()),
         None if silent => out.push(format!(
             "nothing ever came from the peer at {} over RoCE: is it reachable over UDP 4791 \
-             (firewall?), and does its GID match its address?",
+             (firewall?), and does its GID match its address? If it runs, it may be dropping \
+             our packets: {mismatch}",
             f.peer
         )),
         _ => {}

@@ -3,7 +3,11 @@
 //! One binary, one subcommand per command family, one module per family:
 //!
 //! - `rocectl demo` ([`demo`]): two devices on loopback, every operation, data verified;
-//! - `rocectl pcap …` ([`pcap`]): check, dump and generate RoCEv2 captures with the wire codec.
+//! - `rocectl devinfo` ([`devinfo`]): the devices (network interfaces) and their GID tables,
+//!   like `ibv_devinfo -v`;
+//! - `rocectl pcap …` ([`pcap`]): check, dump and generate RoCEv2 captures with the wire codec;
+//! - `rocectl rc-pingpong`, `uc-pingpong`, `ud-pingpong`, `srq-pingpong` ([`pingpong`]):
+//!   rdma-core's `ibv_*_pingpong`, interoperable with them.
 //!
 //! Errors are reported with `anyhow` at this level only: each command returns
 //! `anyhow::Result<ExitCode>`, and [`main`] prints `rocectl: error: …` with its causes and exits
@@ -15,8 +19,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod demo;
+mod device;
+mod devinfo;
 mod oob;
 mod pcap;
+mod pingpong;
 
 /// Command-line arguments.
 #[derive(Debug, Parser)]
@@ -36,16 +43,31 @@ struct Cli {
 enum Command {
     /// Two devices on loopback (127.0.0.1, 127.0.0.2): every RDMA operation, data verified
     Demo(demo::DemoArgs),
+    /// Show the devices (network interfaces), their ports and GID tables, like ibv_devinfo -v
+    Devinfo(devinfo::DevinfoArgs),
     /// Check, dump and generate RoCEv2 packet captures (pcap/pcapng)
     #[command(subcommand)]
     Pcap(pcap::PcapCommand),
+    /// RC SEND pingpong, interoperable with rdma-core's ibv_rc_pingpong
+    RcPingpong(pingpong::RcArgs),
+    /// UC SEND pingpong, interoperable with rdma-core's ibv_uc_pingpong
+    UcPingpong(pingpong::UcArgs),
+    /// UD SEND pingpong, interoperable with rdma-core's ibv_ud_pingpong
+    UdPingpong(pingpong::UdArgs),
+    /// RC SEND pingpong over several QPs sharing a receive queue (ibv_srq_pingpong)
+    SrqPingpong(pingpong::SrqArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
+        Command::Devinfo(args) => devinfo::run(&args),
         Command::Pcap(cmd) => pcap::run(cmd),
+        Command::RcPingpong(args) => pingpong::run_rc(args),
+        Command::UcPingpong(args) => pingpong::run_uc(args),
+        Command::UdPingpong(args) => pingpong::run_ud(args),
+        Command::SrqPingpong(args) => pingpong::run_srq(args),
     };
     match result {
         Ok(code) => code,

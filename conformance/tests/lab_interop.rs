@@ -26,17 +26,51 @@ use roce_conformance::lab::{
 /// The interop table.
 const CASES: &[InteropCase] = &[
     InteropCase {
-        name: "py_rc_pingpong_client",
-        guest_cmd: "ibv_rc_pingpong -d rxe0 -g $(lab-info gid) -s 3000 -n 10",
-        host_cmd: "python3 @LAB_DIR@/py_rc_pingpong.py --server @GUEST_IP@ --local-ip @HOST_IP@ \
-                   --size 3000 --iters 10",
+        name: "rc_pingpong_ours_client",
+        guest_cmd: "ibv_rc_pingpong -d rxe0 -g $(lab-info gid) -n 10 -s 3000 --chk",
+        host_cmd: "@ROCECTL@ rc-pingpong -d rbr0 -g 1 -n 10 -s 3000 --chk @GUEST_IP@",
         server_side: Side::Guest,
     },
     InteropCase {
-        name: "py_rc_pingpong_server",
-        guest_cmd: "ibv_rc_pingpong -d rxe0 -g $(lab-info gid) -s 3000 -n 10 @HOST_IP@",
-        host_cmd: "python3 @LAB_DIR@/py_rc_pingpong.py --listen --local-ip @HOST_IP@ \
-                   --size 3000 --iters 10",
+        name: "rc_pingpong_ours_server",
+        guest_cmd: "ibv_rc_pingpong -d rxe0 -g $(lab-info gid) -n 10 -s 3000 --chk @HOST_IP@",
+        host_cmd: "@ROCECTL@ rc-pingpong -d rbr0 -g 1 -n 10 -s 3000 --chk",
+        server_side: Side::Host,
+    },
+    InteropCase {
+        name: "uc_pingpong_ours_client",
+        guest_cmd: "ibv_uc_pingpong -d rxe0 -g $(lab-info gid) -n 10 -s 3000 --chk",
+        host_cmd: "@ROCECTL@ uc-pingpong -d rbr0 -g 1 -n 10 -s 3000 --chk @GUEST_IP@",
+        server_side: Side::Guest,
+    },
+    InteropCase {
+        name: "uc_pingpong_ours_server",
+        guest_cmd: "ibv_uc_pingpong -d rxe0 -g $(lab-info gid) -n 10 -s 3000 --chk @HOST_IP@",
+        host_cmd: "@ROCECTL@ uc-pingpong -d rbr0 -g 1 -n 10 -s 3000 --chk",
+        server_side: Side::Host,
+    },
+    InteropCase {
+        name: "ud_pingpong_ours_client",
+        guest_cmd: "ibv_ud_pingpong -d rxe0 -g $(lab-info gid) -n 10 -s 512 --chk",
+        host_cmd: "@ROCECTL@ ud-pingpong -d rbr0 -g 1 -n 10 -s 512 --chk @GUEST_IP@",
+        server_side: Side::Guest,
+    },
+    InteropCase {
+        name: "ud_pingpong_ours_server",
+        guest_cmd: "ibv_ud_pingpong -d rxe0 -g $(lab-info gid) -n 10 -s 512 --chk @HOST_IP@",
+        host_cmd: "@ROCECTL@ ud-pingpong -d rbr0 -g 1 -n 10 -s 512 --chk",
+        server_side: Side::Host,
+    },
+    InteropCase {
+        name: "srq_pingpong_ours_client",
+        guest_cmd: "ibv_srq_pingpong -d rxe0 -g $(lab-info gid) -n 10 -s 256 -q 2 --chk",
+        host_cmd: "@ROCECTL@ srq-pingpong -d rbr0 -g 1 -n 10 -s 256 -q 2 --chk @GUEST_IP@",
+        server_side: Side::Guest,
+    },
+    InteropCase {
+        name: "srq_pingpong_ours_server",
+        guest_cmd: "ibv_srq_pingpong -d rxe0 -g $(lab-info gid) -n 10 -s 256 -q 2 --chk @HOST_IP@",
+        host_cmd: "@ROCECTL@ srq-pingpong -d rbr0 -g 1 -n 10 -s 256 -q 2 --chk",
         server_side: Side::Host,
     },
 ];

@@ -99,8 +99,8 @@ pub(crate) struct CommonArgs {
     #[arg(short = 'l', long, default_value_t = 0)]
     sl: u8,
     /// Sleep on CQ events (default poll)
-    #[arg(short = 'e', long)]
-    events: bool,
+    #[arg(short = 'e', long, action = clap::ArgAction::Count)]
+    events: u8,
     /// Local port GID index (rxe order: 0 link-local, then IPv4-mapped, then IPv6; see
     /// `rocectl devinfo -v`); default: the GID of the address that reaches the peer
     #[arg(short = 'g', long = "gid-idx", value_name = "GID_INDEX")]
@@ -270,6 +270,9 @@ pub(crate) fn run_srq(args: SrqArgs) -> anyhow::Result<ExitCode> {
             "The device isn't ODP capable or does not support RC send, receive and srq with ODP \
              (rocectl registers memory up front; drop -o)"
         );
+    }
+    if args.size < 1 {
+        bail!("-s 0: srq-pingpong needs a message of at least one byte");
     }
     if args.num_qp == 0 {
         bail!("-q 0: at least one QP is needed");

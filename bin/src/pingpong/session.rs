@@ -86,7 +86,7 @@ pub(super) fn run(opts: &Options) -> anyhow::Result<ExitCode> {
     if routs < c.rx_depth {
         bail!("Couldn't post receive ({routs})");
     }
-    if c.events {
+    if c.events > 0 {
         res.cq.req_notify(false);
     }
 
@@ -451,7 +451,7 @@ impl Pingpong<'_> {
         let mut last = start;
         let (mut rcnt, mut scnt) = (0_u64, 0_u64);
         while rcnt < iters || scnt < iters {
-            let ne = if c.events {
+            let ne = if c.events > 0 {
                 if cq.get_event(SLICE) {
                     cq.req_notify(false);
                     cq.poll(&mut wc)

@@ -313,6 +313,10 @@ fn run(ops: Vec<Op>, seed: u64) {
     let mut m = Model::default();
     // Every key the table ever returned, live or stale.
     let mut keys: Vec<Key> = Vec::new();
+    // Slots whose 8-bit key the application chose (fast registration, memory-window bind):
+    // verbs lets it pick any value, so a later automatic key at that index may repeat an old
+    // one; there, freshness only means "differs from the slot's previous key".
+    let mut user_keyed: HashMap<u32, Key> = HashMap::new();
     let mut fill = 1u8;
     for op in ops {
         match op {
@@ -329,7 +333,10 @@ fn run(ops: Vec<Op>, seed: u64) {
                 let r = t.register_zeroed(pds[pd], len, iova, Access::from_bits(access).unwrap());
                 assert_eq!(r.is_ok(), legal && !full, "{op:?} -> {r:?}");
                 if let Ok(k) = r {
-                    assert!(!keys.contains(&k), "fresh key {k:?} was issued before");
+                    match user_keyed.get(&k.index()) {
+                        Some(prev) => assert_ne!(k, *prev, "key of a reused slot repeats"),
+                        None => assert!(!keys.contains(&k), "fresh key {k:?} was issued before"),
+                    }
                     let obj = Obj::Mr {
                         pd,
                         fast: false,
@@ -431,6 +438,7 @@ fn run(ops: Vec<Op>, seed: u64) {
                     {
                         (*valid, *i, *l, *o, *a) = (true, iova, len, offset, access);
                     }
+                    user_keyed.insert(k.index(), k);
                     if !keys.contains(&k) {
                         keys.push(k);
                     }
@@ -587,6 +595,7 @@ fn run(ops: Vec<Op>, seed: u64) {
                             }
                         }
                     }
+                    user_keyed.insert(newk.index(), newk);
                     if !keys.contains(&newk) {
                         keys.push(newk);
                     }

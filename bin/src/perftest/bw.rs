@@ -52,7 +52,7 @@ fn client(s: &mut Session, cfg: &Config) -> anyhow::Result<()> {
     let mut last = BwResult::default();
     let mut json_lines = Vec::new();
     for (k, &size) in sizes.iter().enumerate() {
-        if !s.to_traffic()? {
+        if !s.next_traffic()? {
             bail!("the exchange plan has no traffic step for size {size}");
         }
         if k == 0 {
@@ -160,7 +160,7 @@ fn send_server(s: &mut Session, cfg: &Config) -> anyhow::Result<()> {
     for (k, &size) in sizes.iter().enumerate() {
         // The receives go up before the barrier that lets the client start.
         let first = s.post_recvs(cfg.rx_depth as u64, size)?;
-        if !s.to_traffic()? {
+        if !s.next_traffic()? {
             bail!("the exchange plan has no traffic step for size {size}");
         }
         if k == 0 {
@@ -275,7 +275,7 @@ fn server_iter(
 }
 
 fn passive_server(s: &mut Session, cfg: &Config) -> anyhow::Result<()> {
-    s.to_traffic()?;
+    s.next_traffic()?;
     header(cfg);
     // The client's traffic runs now (every size); its next barrier ends it, however long it
     // takes.

@@ -36,7 +36,7 @@ use crate::oob::Timeout;
 pub(crate) fn run(s: &mut Session, cfg: &Config) -> anyhow::Result<()> {
     if cfg.tool == Tool::ReadLat && cfg.role == Role::Server {
         // Nothing to do but answer: the engine thread does.
-        s.to_traffic()?;
+        s.next_traffic()?;
         println!("{}", report::RESULT_LINE);
         s.finish(&BwReport::default(), Timeout::Never)?;
         return Ok(());
@@ -51,7 +51,7 @@ pub(crate) fn run(s: &mut Session, cfg: &Config) -> anyhow::Result<()> {
         } else {
             0
         };
-        if !s.to_traffic()? {
+        if !s.next_traffic()? {
             bail!("the exchange plan has no traffic step for size {size}");
         }
         if k == 0 {

@@ -94,10 +94,10 @@ impl BwResult {
 }
 
 /// The peak bandwidth as perftest computes it: over every run of messages `i..=j` that ends at
-/// a signalled completion, the least time per message, `(tcompleted[j] - tposted[i]) / (j - i
-/// + 1)`. `posted[i]` is when message `i` was posted and `completed` lists `(j, time)` for
-/// each completion seen (ns on any common clock). The double loop is bounded to about 2·10^7
-/// steps by sampling the start index.
+/// a signalled completion, the least time per message,
+/// `(tcompleted[j] - tposted[i]) / (j - i + 1)`. `posted[i]` is when message `i` was posted
+/// and `completed` lists `(j, time)` for each completion seen (ns on any common clock). The
+/// double loop is bounded to about 2·10^7 steps by sampling the start index.
 pub(crate) fn peak_bytes_per_s(size: u64, posted: &[u64], completed: &[(usize, u64)]) -> f64 {
     let n = posted.len();
     if n == 0 || completed.is_empty() {

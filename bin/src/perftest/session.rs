@@ -78,7 +78,7 @@ pub(crate) struct Session {
 impl Session {
     /// Opens the device, creates the resources, runs the exchange up to the first hand shake,
     /// prints the test information and both address lines, and connects the QP. The caller
-    /// then posts its receives and calls [`Self::sync`].
+    /// then posts its receives (SEND tests) and calls [`Self::next_traffic`].
     ///
     /// # Errors
     /// Device, resources, exchange and connection errors, with context.
@@ -262,7 +262,7 @@ impl Session {
     ///
     /// # Errors
     /// The exchange's.
-    pub(crate) fn to_traffic(&mut self) -> anyhow::Result<bool> {
+    pub(crate) fn next_traffic(&mut self) -> anyhow::Result<bool> {
         let mine = self.mine;
         let conn = self.conn.as_mut().context("exchange already closed")?;
         while let Some(&step) = self.plan.get(self.next) {

@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::ValueEnum;
 use roce_transport::netdev::{self, NetDevice};
-use roce_transport::{Backend, Device, DeviceConfig, Gid, GidEntry, Mtu};
+use roce_transport::{Backend, Device, DeviceConfig, Gid, GidEntry, Mtu, Progress};
 
 /// The datapath a tool's device uses (`--backend`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -57,6 +57,9 @@ pub(crate) struct DeviceArgs {
     pub(crate) mtu: Option<Mtu>,
     /// Capture every frame to this pcap file (`{dev}` is replaced by the device name).
     pub(crate) pcap: Option<PathBuf>,
+    /// Who drives the engine: its own thread (default), or the tool's polling (a tool that
+    /// always polls while traffic may arrive saves the thread's wake-ups).
+    pub(crate) progress: Progress,
 }
 
 /// Opens the device `args` describe. Returns it with the GID index in use and its GID (what
@@ -111,6 +114,7 @@ pub(crate) fn open_device(args: DeviceArgs) -> anyhow::Result<(Device, u8, Gid)>
     let mut config = DeviceConfig::new(backend).name(dev.name.clone());
     config.mtu = args.mtu;
     config.pcap = args.pcap;
+    config.progress = args.progress;
     // Initial PSNs and memory keys come from the seed: differ from run to run and from the
     // peer's, as `srand48(getpid() * time(NULL))` makes them in the stock tools.
     config.seed = run_seed();

@@ -7,7 +7,9 @@
 //!   like `ibv_devinfo -v`;
 //! - `rocectl pcap …` ([`pcap`]): check, dump and generate RoCEv2 captures with the wire codec;
 //! - `rocectl rc-pingpong`, `uc-pingpong`, `ud-pingpong`, `srq-pingpong` ([`pingpong`]):
-//!   rdma-core's `ibv_*_pingpong`, interoperable with them.
+//!   rdma-core's `ibv_*_pingpong`, interoperable with them;
+//! - `rocectl send-bw`, `write-bw`, `read-bw`, `atomic-bw`, `send-lat`, `write-lat`, `read-lat`
+//!   ([`perftest`]): perftest's tools, interoperable with the stock `ib_*` ones.
 //!
 //! Errors are reported with `anyhow` at this level only: each command returns
 //! `anyhow::Result<ExitCode>`, and [`main`] prints `rocectl: error: …` with its causes and exits
@@ -17,12 +19,14 @@ use std::io;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use oob::perftest::Tool;
 
 mod demo;
 mod device;
 mod devinfo;
 mod oob;
 mod pcap;
+mod perftest;
 mod pingpong;
 
 /// Command-line arguments.
@@ -56,6 +60,20 @@ enum Command {
     UdPingpong(pingpong::UdArgs),
     /// RC SEND pingpong over several QPs sharing a receive queue (ibv_srq_pingpong)
     SrqPingpong(pingpong::SrqArgs),
+    /// SEND bandwidth, like perftest's ib_send_bw (RC, UC, UD)
+    SendBw(perftest::PerfArgs),
+    /// RDMA WRITE bandwidth, like perftest's ib_write_bw (RC, UC)
+    WriteBw(perftest::PerfArgs),
+    /// RDMA READ bandwidth, like perftest's ib_read_bw
+    ReadBw(perftest::PerfArgs),
+    /// Atomic (fetch-and-add, compare-and-swap) rate, like perftest's ib_atomic_bw
+    AtomicBw(perftest::PerfArgs),
+    /// SEND ping-pong latency, like perftest's ib_send_lat (RC, UC, UD)
+    SendLat(perftest::PerfArgs),
+    /// RDMA WRITE ping-pong latency, like perftest's ib_write_lat (RC, UC)
+    WriteLat(perftest::PerfArgs),
+    /// RDMA READ latency, like perftest's ib_read_lat
+    ReadLat(perftest::PerfArgs),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +86,13 @@ fn main() -> ExitCode {
         Command::UcPingpong(args) => pingpong::run_uc(args),
         Command::UdPingpong(args) => pingpong::run_ud(args),
         Command::SrqPingpong(args) => pingpong::run_srq(args),
+        Command::SendBw(a) => perftest::run(Tool::SendBw, &a),
+        Command::WriteBw(a) => perftest::run(Tool::WriteBw, &a),
+        Command::ReadBw(a) => perftest::run(Tool::ReadBw, &a),
+        Command::AtomicBw(a) => perftest::run(Tool::AtomicBw, &a),
+        Command::SendLat(a) => perftest::run(Tool::SendLat, &a),
+        Command::WriteLat(a) => perftest::run(Tool::WriteLat, &a),
+        Command::ReadLat(a) => perftest::run(Tool::ReadLat, &a),
     };
     match result {
         Ok(code) => code,

@@ -54,6 +54,7 @@ pub(super) fn run(opts: &Options) -> anyhow::Result<ExitCode> {
         peer: server_addrs.as_ref().map(|a| a[0].ip()),
         mtu: None,
         pcap: c.pcap.clone(),
+        progress: roce_transport::Progress::Thread,
     })?;
     let port = device.query_port();
     let ifname = port

@@ -1,0 +1,349 @@
+//! Bandwidth: `send-bw`, `write-bw`, `read-bw`, `atomic-bw` (perftest's `run_iter_bw`,
+//! `run_iter_bw_server`).
+//!
+//! The client keeps up to `-t` requests outstanding: whenever the window has room it builds
+//! the missing work requests and posts them with **one** [`QueuePair::post_send_batch`] (one
+//! engine lock, one doorbell: the first packets leave from this thread before it returns),
+//! then waits for completions. One request in `-Q` is signalled (and the last one), so the
+//! window moves by a moderation period at a time, as perftest's. Timestamps go into arrays
+//! allocated before the loop; the only allocation per message is the work request's SGE list
+//! (the API takes a `Vec<Sge>`).
+//!
+//! A SEND server keeps `min(-r, -n)` receives posted and reposts one per completion, never
+//! more than `-n` in all (so `-a` starts each size with an empty receive queue). A WRITE,
+//! READ or atomic server does nothing during the traffic (its engine thread answers), waits
+//! at the next barrier and prints the client's report, as perftest's.
+//!
+//! [`QueuePair::post_send_batch`]: roce_transport::QueuePair::post_send_batch
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use roce_transport::{Completion, PostError, QpType};
+
+use super::report::{self, BwResult, Json};
+use super::session::{ok, wait_cq, Session};
+use super::Config;
+use crate::oob::perftest::{BwReport, Role, Tool};
+use crate::oob::Timeout;
+
+/// Completions taken per poll (perftest's `CTX_POLL_BATCH` is 16).
+const POLL_BATCH: usize = 64;
+
+/// Runs the test for `s`'s role.
+///
+/// # Errors
+/// Completion errors, timeouts, the exchange's errors.
+pub(crate) fn run(s: &mut Session, cfg: &Config) -> anyhow::Result<()> {
+    match (cfg.tool, cfg.role) {
+        (Tool::SendBw, Role::Server) => send_server(s, cfg),
+        (_, Role::Client) => client(s, cfg),
+        (_, Role::Server) => passive_server(s, cfg),
+    }
+}
+
+fn header(cfg: &Config) {
+    println!("{}", report::RESULT_LINE);
+    println!("{}", report::bw_header(cfg.gbits));
+}
+
+fn client(s: &mut Session, cfg: &Config) -> anyhow::Result<()> {
+    let sizes = s.sizes.clone();
+    let mut last = BwResult::default();
+    let mut json_lines = Vec::new();
+    for (k, &size) in sizes.iter().enumerate() {
+        if !s.next_traffic()? {
+            bail!("the exchange plan has no traffic step for size {size}");
+        }
+        if k == 0 {
+            header(cfg);
+        }
+        if cfg.tool != Tool::SendBw {
+            warm_up(s, cfg, size)?;
+        }
+        let r = client_iter(s, cfg, size)?;
+        println!("{}", report::bw_line(&r.report(cfg.gbits)));
+        json_lines.push(json(cfg, s, &r, None));
+        last = r;
+    }
+    s.finish(&last.report(cfg.gbits), Timeout::After(cfg.timeout))?;
+    println!("{}", report::RESULT_LINE);
+    print_json(cfg, &json_lines);
+    Ok(())
+}
+
+/// perftest's `perform_warm_up`: a window of requests, all waited for, before timing (at most
+/// 16 MiB of them).
+fn warm_up(s: &Session, cfg: &Config, size: u64) -> anyhow::Result<()> {
+    let n = (cfg.tx_depth as u64).min((16 << 20) / size.max(1)).max(1);
+    let wrs = (0..n).map(|i| s.send_wr(cfg.tool, cfg.atomic, i, size, true));
+    let posted = match s.qp.post_send_batch(wrs) {
+        Ok(k) | Err((k, PostError::QueueFull)) => k as u64,
+        Err((_, e)) => bail!("posting the warm-up requests: {e}"),
+    };
+    let mut wc = [Completion::EMPTY; POLL_BATCH];
+    let mut done = 0;
+    while done < posted {
+        let got = wait_cq(&s.send_cq, &mut wc, cfg.events, cfg.timeout, "warm-up")?;
+        for c in &wc[..got] {
+            if !ok(c) {
+                return Err(s.completion_error(c, cfg.role, posted, done));
+            }
+            done += 1;
+        }
+    }
+    Ok(())
+}
+
+/// One size: `-n` requests, a window of `-t`.
+fn client_iter(s: &Session, cfg: &Config, size: u64) -> anyhow::Result<BwResult> {
+    let n = usize::try_from(cfg.iters).context("-n too large")?;
+    let depth = cfg.tx_depth;
+    let cq_mod = cfg.cq_mod as usize;
+    // Every array the loop writes is allocated here.
+    let mut posted = vec![0u64; n];
+    let mut completed: Vec<(usize, u64)> = Vec::with_capacity(n / cq_mod + 2);
+    let mut wc = [Completion::EMPTY; POLL_BATCH];
+    let (mut scnt, mut ccnt) = (0usize, 0usize);
+    let t0 = Instant::now();
+    let ns = |t: Instant| t.duration_since(t0).as_nanos() as u64;
+    while ccnt < n {
+        let room = depth.saturating_sub(scnt - ccnt).min(n - scnt);
+        if room > 0 {
+            let first = scnt;
+            let wrs = (first..first + room).map(|i| {
+                let signaled = i % cq_mod == cq_mod - 1 || i == n - 1;
+                s.send_wr(cfg.tool, cfg.atomic, i as u64, size, signaled)
+            });
+            let now = ns(Instant::now());
+            let k = match s.qp.post_send_batch(wrs) {
+                Ok(k) | Err((k, PostError::QueueFull)) => k,
+                Err((_, e)) => bail!("posting request {first}: {e}"),
+            };
+            posted[first..first + k].fill(now);
+            scnt += k;
+        }
+        let got = wait_cq(
+            &s.send_cq,
+            &mut wc,
+            cfg.events,
+            cfg.timeout,
+            "a send completion",
+        )?;
+        let now = ns(Instant::now());
+        for c in &wc[..got] {
+            if !ok(c) {
+                return Err(s.completion_error(c, cfg.role, scnt as u64, ccnt as u64));
+            }
+            let j = usize::try_from(c.wr_id).unwrap_or(usize::MAX).min(n - 1);
+            ccnt = ccnt.max(j + 1);
+            completed.push((j, now));
+        }
+    }
+    let end = completed.last().map_or(0, |&(_, t)| t);
+    let peak = if cfg.no_peak {
+        0.0
+    } else {
+        report::peak_bytes_per_s(size, &posted, &completed)
+    };
+    Ok(BwResult {
+        size,
+        iters: n as u64,
+        seconds: end.saturating_sub(posted[0]) as f64 / 1e9,
+        peak_bytes_per_s: peak,
+    })
+}
+
+fn send_server(s: &mut Session, cfg: &Config) -> anyhow::Result<()> {
+    let sizes = s.sizes.clone();
+    let mut json_lines = Vec::new();
+    for (k, &size) in sizes.iter().enumerate() {
+        // The receives go up before the barrier that lets the client start.
+        let first = s.post_recvs(cfg.rx_depth as u64, size)?;
+        if !s.next_traffic()? {
+            bail!("the exchange plan has no traffic step for size {size}");
+        }
+        if k == 0 {
+            header(cfg);
+        }
+        let (r, lost) = server_iter(s, cfg, size, first)?;
+        println!("{}", report::bw_line(&r.report(cfg.gbits)));
+        if lost > 0 {
+            eprintln!(
+                " {lost} of {} messages did not arrive (UD drops what finds no receive or \
+                 overflows a socket buffer)",
+                cfg.iters
+            );
+        }
+        json_lines.push(json(cfg, s, &r, Some(lost)));
+    }
+    s.finish(&BwReport::default(), Timeout::After(cfg.timeout))?;
+    println!("{}", report::RESULT_LINE);
+    print_json(cfg, &json_lines);
+    Ok(())
+}
+
+/// Receives one size's messages. `posted` receives are up already. Returns the result and
+/// how many messages never came (UD only: the client finished and nothing arrived for a
+/// while).
+fn server_iter(
+    s: &Session,
+    cfg: &Config,
+    size: u64,
+    mut posted: u64,
+) -> anyhow::Result<(BwResult, u64)> {
+    let n = cfg.iters;
+    let ud = s.qp.qp_type() == QpType::Ud;
+    let mut wc = [Completion::EMPTY; POLL_BATCH];
+    let mut rcnt = 0u64;
+    let (mut first, mut last): (Option<Instant>, Instant) = (None, Instant::now());
+    let mut idle_since = Instant::now();
+    let mut peer_done: Option<Instant> = None;
+    let mut spins = 0u32;
+    while rcnt < n {
+        let got = if cfg.events {
+            s.recv_cq.wait(&mut wc, Duration::from_millis(2))
+        } else {
+            s.recv_cq.poll(&mut wc)
+        };
+        if got == 0 {
+            spins += 1;
+            if !cfg.events && spins % 1024 != 0 {
+                continue;
+            }
+            let now = Instant::now();
+            let idle = now.duration_since(idle_since);
+            if idle >= Duration::from_millis(1) {
+                match s.peer_activity() {
+                    Some(false) => {
+                        bail!("the client closed the connection after {rcnt} of {n} messages")
+                    }
+                    Some(true) => {
+                        peer_done.get_or_insert(now);
+                    }
+                    None => {}
+                }
+            }
+            // The client finished: what is still on its way arrives within moments.
+            if let Some(d) = peer_done {
+                let grace = if ud { 200 } else { 2_000 };
+                if now.duration_since(d) >= Duration::from_millis(grace)
+                    && idle >= Duration::from_millis(grace)
+                {
+                    if ud {
+                        break;
+                    }
+                    bail!("the client finished but only {rcnt} of {n} messages arrived");
+                }
+            }
+            if idle >= cfg.timeout {
+                bail!(
+                    "no message for {}s ({rcnt} of {n} received)",
+                    cfg.timeout.as_secs()
+                );
+            }
+            continue;
+        }
+        let now = Instant::now();
+        idle_since = now;
+        first.get_or_insert(now);
+        last = now;
+        for c in &wc[..got] {
+            if !ok(c) {
+                return Err(s.completion_error(c, cfg.role, 0, rcnt));
+            }
+            rcnt += 1;
+        }
+        // Repost as many as were consumed, never more than -n in all.
+        let more = (got as u64).min(n - posted.min(n));
+        for i in 0..more {
+            s.qp.post_recv(s.recv_wr(posted + i, size))
+                .map_err(|e| anyhow::anyhow!("reposting a receive: {e}"))?;
+        }
+        posted += more;
+    }
+    let seconds = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
+    Ok((
+        BwResult {
+            size,
+            iters: rcnt,
+            seconds,
+            peak_bytes_per_s: 0.0,
+        },
+        n - rcnt,
+    ))
+}
+
+fn passive_server(s: &mut Session, cfg: &Config) -> anyhow::Result<()> {
+    s.next_traffic()?;
+    header(cfg);
+    // The client's traffic runs now (every size); its next barrier ends it, however long it
+    // takes.
+    let theirs = s
+        .finish(&BwReport::default(), Timeout::Never)?
+        .unwrap_or_default();
+    println!("{}", report::bw_line(&theirs));
+    println!("{}", report::RESULT_LINE);
+    if cfg.json {
+        let per_s = if cfg.gbits {
+            theirs.bw_avg * 1e9 / 8.0
+        } else {
+            theirs.bw_avg * f64::from(1u32 << 20)
+        };
+        let j = Json::new()
+            .str("tool", cfg.tool.command())
+            .str("role", "server")
+            .str("source", "client's report")
+            .num("bytes", theirs.size as f64)
+            .num("iters", theirs.iters as f64)
+            .num("mtu", s.mtu.bytes() as f64)
+            .num("bytes_per_s", per_s)
+            .num("ops_per_s", theirs.msg_rate_avg * 1e6)
+            .counters(&s.dev)
+            .finish();
+        println!("{j}");
+    }
+    Ok(())
+}
+
+fn json(cfg: &Config, s: &Session, r: &BwResult, lost: Option<u64>) -> String {
+    let rep = r.report(cfg.gbits);
+    let mut j = Json::new()
+        .str("tool", cfg.tool.command())
+        .str(
+            "role",
+            match cfg.role {
+                Role::Client => "client",
+                Role::Server => "server",
+            },
+        )
+        .str(
+            "conn",
+            match s.qp.qp_type() {
+                QpType::Rc => "RC",
+                QpType::Uc => "UC",
+                QpType::Ud => "UD",
+            },
+        )
+        .num("bytes", r.size as f64)
+        .num("iters", r.iters as f64)
+        .num("mtu", s.mtu.bytes() as f64)
+        .num("seconds", r.seconds)
+        .num("bytes_per_s", r.bytes_per_s())
+        .num("ops_per_s", r.ops_per_s())
+        .num("peak_bytes_per_s", r.peak_bytes_per_s)
+        .num("bw_avg", rep.bw_avg)
+        .num("msg_rate_mpps", rep.msg_rate_avg);
+    if let Some(l) = lost {
+        j = j.num("lost", l as f64);
+    }
+    j.counters(&s.dev).finish()
+}
+
+fn print_json(cfg: &Config, lines: &[String]) {
+    if cfg.json {
+        for l in lines {
+            println!("{l}");
+        }
+    }
+}

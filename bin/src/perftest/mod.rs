@@ -1,0 +1,389 @@
+//! `rocectl send-bw`, `write-bw`, `read-bw`, `atomic-bw`, `send-lat`, `write-lat`,
+//! `read-lat`: perftest's tools (`ib_send_bw` …) on the userspace stack, with perftest 6.06's
+//! options, out-of-band exchange ([`crate::oob::perftest`]) and result tables, so each one
+//! talks to the matching stock tool in either role. Server without a host, client with one.
+//!
+//! - [`session`]: device, buffer, queues, the exchange up to the last barrier, the QP
+//!   connected;
+//! - [`bw`]: bandwidth: the client keeps `-t` requests in flight (posted in batches with one
+//!   doorbell), a SEND server keeps `-r` receives posted, a WRITE/READ/atomic server is
+//!   passive;
+//! - [`lat`]: latency, ping-pong: SEND/RECV, RDMA WRITE of the peer's buffer polled on its
+//!   last byte (the server writes first), READ by the client;
+//! - [`report`]: perftest's tables and the `--json` line for `benches/ours.cmds`.
+//!
+//! Waiting is busy polling of the completion queue by default ([`CompletionQueue::poll`] runs
+//! the engine itself when it finds nothing); `-e` blocks in [`CompletionQueue::wait`].
+//!
+//! [`CompletionQueue::poll`]: roce_transport::CompletionQueue::poll
+//! [`CompletionQueue::wait`]: roce_transport::CompletionQueue::wait
+
+mod bw;
+mod lat;
+mod report;
+mod session;
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::{Args, ValueEnum};
+use roce_transport::{Mtu, Progress, QpType};
+
+use crate::device::BackendKind;
+use crate::oob::perftest::{Role, Tool};
+use crate::oob::{Timeout, DEFAULT_PORT};
+
+/// Connection type (`-c`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ConnType {
+    /// Reliable connection.
+    #[value(name = "RC")]
+    Rc,
+    /// Unreliable connection (SEND and WRITE tests).
+    #[value(name = "UC")]
+    Uc,
+    /// Unreliable datagram (SEND tests).
+    #[value(name = "UD")]
+    Ud,
+}
+
+/// Atomic operation of `atomic-bw` (`-A`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub(crate) enum AtomicType {
+    /// Compare and swap.
+    #[value(name = "CMP_AND_SWAP")]
+    CmpAndSwap,
+    /// Fetch and add.
+    #[default]
+    #[value(name = "FETCH_AND_ADD")]
+    FetchAndAdd,
+}
+
+impl AtomicType {
+    /// perftest's name.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::CmpAndSwap => "CMP_AND_SWAP",
+            Self::FetchAndAdd => "FETCH_AND_ADD",
+        }
+    }
+}
+
+/// Who drives the device's engine (`--progress`, for experiments).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ProgressArg {
+    /// An engine thread per device.
+    Thread,
+    /// The tool's own polling (nothing runs the engine while it waits on TCP).
+    Manual,
+}
+
+/// Options of every perftest tool (each tool refuses the ones it has no use for).
+#[derive(Debug, Args)]
+pub(crate) struct PerfArgs {
+    /// The server to connect to (client); without it, wait for a client (server)
+    host: Option<String>,
+    /// TCP port of the out-of-band exchange
+    #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
+    port: u16,
+    /// The network interface that is the RDMA device (default: the one routing to the server)
+    #[arg(short = 'd', long = "ib-dev", value_name = "IFNAME")]
+    ib_dev: Option<String>,
+    /// Port of the device (there is one: 1)
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u8,
+    /// GID index in the interface's rxe-style table (default: the address routing to the
+    /// server, else the first IPv4 GID)
+    #[arg(short = 'x', long = "gid-index")]
+    gid_index: Option<u8>,
+    /// Use this local address (udp backend on IP:4791) instead of -d/-x; e.g. two loopback
+    /// addresses for a server and a client on one host
+    #[arg(long, value_name = "IP", conflicts_with_all = ["ib_dev", "gid_index"])]
+    local: Option<IpAddr>,
+    /// Message size in bytes (bandwidth: 65536, latency: 2; atomics are 8)
+    #[arg(short = 's', long)]
+    size: Option<u64>,
+    /// Iterations (bandwidth: 5000, latency: 1000)
+    #[arg(short = 'n', long)]
+    iters: Option<u64>,
+    /// Every size from 2 to 2^23 bytes
+    #[arg(short = 'a', long)]
+    all: bool,
+    /// Path MTU (256, 512, 1024, 2048, 4096; default: the device's active MTU)
+    #[arg(short = 'm', long)]
+    mtu: Option<usize>,
+    /// Connection type: RC, UC (send, write) or UD (send)
+    #[arg(short = 'c', long = "connection", ignore_case = true)]
+    connection: Option<ConnType>,
+    /// Requests in flight (bandwidth clients)
+    #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
+    tx_depth: usize,
+    /// Receives posted (SEND tests)
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 512)]
+    rx_depth: usize,
+    /// Outstanding RDMA READs/atomics (read and atomic tests; default: the device's maximum)
+    #[arg(short = 'o', long = "outs")]
+    outs: Option<u8>,
+    /// Atomic operation (atomic-bw)
+    #[arg(short = 'A', long = "atomic_type", ignore_case = true)]
+    atomic_type: Option<AtomicType>,
+    /// Signal one send in this many (bandwidth tests)
+    #[arg(short = 'Q', long = "cq-mod", default_value_t = 100)]
+    cq_mod: u64,
+    /// Do not compute the peak bandwidth
+    #[arg(short = 'N', long = "noPeak")]
+    no_peak: bool,
+    /// Sleep on completion events instead of busy polling
+    #[arg(short = 'e', long)]
+    events: bool,
+    /// Ignored (perftest: do not fail on CPU frequency differences)
+    #[arg(short = 'F', long = "CPU-freq")]
+    cpu_freq: bool,
+    /// Queue pairs (only 1 is supported)
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    qps: u32,
+    /// Report bandwidth in Gb/sec instead of MB/sec
+    #[arg(long = "report_gbits")]
+    report_gbits: bool,
+    /// Also print one JSON line with the results (bytes_per_s, ops_per_s; round-trip
+    /// median_us, p99_us, p999_us)
+    #[arg(long)]
+    json: bool,
+    /// Seconds to wait for each out-of-band step and for any completion
+    #[arg(long, default_value_t = 10, value_name = "SECS")]
+    timeout: u64,
+    /// Seconds a server waits for a client (default: for ever, as perftest)
+    #[arg(long = "accept-timeout", value_name = "SECS")]
+    accept_timeout: Option<u64>,
+    /// Save every frame sent and received to this pcap file
+    #[arg(long)]
+    pcap: Option<PathBuf>,
+    /// Datapath: a UDP socket on port 4791, or whole Ethernet frames (raw, needs
+    /// CAP_NET_RAW; not with --local)
+    #[arg(long, value_enum, default_value = "udp")]
+    backend: BackendKind,
+    /// Who drives the engine (default: the tool's polling where it polls, else a thread)
+    #[arg(long, value_enum, hide = true)]
+    progress: Option<ProgressArg>,
+    /// RC requester window: packets in flight without an ACK (QpConfig::max_inflight_packets)
+    #[arg(long, hide = true)]
+    inflight: Option<u32>,
+    /// Ask for an ACK at least every this many packets (QpConfig::ack_req_every)
+    #[arg(long, hide = true)]
+    ack_every: Option<u32>,
+}
+
+/// The options resolved for one tool and role.
+#[derive(Debug)]
+pub(crate) struct Config {
+    tool: Tool,
+    role: Role,
+    host: Option<String>,
+    port: u16,
+    ib_dev: Option<String>,
+    gid_index: Option<u8>,
+    local: Option<IpAddr>,
+    qp_type: QpType,
+    sizes: Vec<u64>,
+    /// `-a` (UD keeps the sizes that fit the path MTU).
+    all: bool,
+    /// `-s` given (UD without it uses the path MTU, as perftest).
+    size_given: bool,
+    iters: u64,
+    mtu: Option<Mtu>,
+    tx_depth: usize,
+    rx_depth: usize,
+    out_reads: Option<u8>,
+    atomic: AtomicType,
+    cq_mod: u64,
+    no_peak: bool,
+    events: bool,
+    gbits: bool,
+    json: bool,
+    timeout: Duration,
+    accept_timeout: Timeout,
+    pcap: Option<PathBuf>,
+    backend: BackendKind,
+    progress: Progress,
+    inflight: Option<u32>,
+    ack_every: Option<u32>,
+}
+
+impl Tool {
+    /// A bandwidth test.
+    fn is_bw(self) -> bool {
+        matches!(
+            self,
+            Self::SendBw | Self::WriteBw | Self::ReadBw | Self::AtomicBw
+        )
+    }
+
+    /// A test of RDMA READ or atomics (`-o` applies; the record carries it).
+    fn uses_out_reads(self) -> bool {
+        matches!(self, Self::ReadBw | Self::ReadLat | Self::AtomicBw)
+    }
+
+    /// rocectl's name for it.
+    fn command(self) -> &'static str {
+        match self {
+            Self::SendBw => "send-bw",
+            Self::WriteBw => "write-bw",
+            Self::ReadBw => "read-bw",
+            Self::AtomicBw => "atomic-bw",
+            Self::SendLat => "send-lat",
+            Self::WriteLat => "write-lat",
+            Self::ReadLat => "read-lat",
+        }
+    }
+}
+
+impl Config {
+    /// Checks `args` against what `tool` supports and fills in perftest's defaults.
+    ///
+    /// # Errors
+    /// An option the tool does not take, or a value out of range.
+    pub(crate) fn resolve(tool: Tool, a: &PerfArgs) -> anyhow::Result<Self> {
+        let name = tool.command();
+        let bw = tool.is_bw();
+        let role = if a.host.is_some() {
+            Role::Client
+        } else {
+            Role::Server
+        };
+        let conn = a.connection.unwrap_or(ConnType::Rc);
+        let allowed: &[ConnType] = match tool {
+            Tool::SendBw | Tool::SendLat => &[ConnType::Rc, ConnType::Uc, ConnType::Ud],
+            Tool::WriteBw | Tool::WriteLat => &[ConnType::Rc, ConnType::Uc],
+            Tool::ReadBw | Tool::ReadLat | Tool::AtomicBw => &[ConnType::Rc],
+        };
+        if !allowed.contains(&conn) {
+            bail!("{name} does not support connection type {conn:?} (-c)");
+        }
+        if a.qps != 1 {
+            bail!("only one queue pair is supported (-q 1), got -q {}", a.qps);
+        }
+        if a.ib_port != 1 {
+            bail!("the device has one port: -i 1, got -i {}", a.ib_port);
+        }
+        if a.atomic_type.is_some() && tool != Tool::AtomicBw {
+            bail!("-A/--atomic_type is for atomic-bw only");
+        }
+        if a.outs.is_some() && !tool.uses_out_reads() {
+            bail!("-o/--outs is for the read and atomic tests only");
+        }
+        if a.local.is_some() && a.backend != BackendKind::Udp {
+            bail!("--local opens a udp device: drop --backend or use -d/-x");
+        }
+        if a.all && tool == Tool::AtomicBw {
+            bail!("atomic-bw has one size (8 bytes): -a does not apply");
+        }
+        if a.outs == Some(0) || a.tx_depth == 0 || a.rx_depth == 0 || a.cq_mod == 0 {
+            bail!("-o, -t, -r and -Q must be at least 1");
+        }
+        let iters = a.iters.unwrap_or(if bw { 5_000 } else { 1_000 });
+        if iters == 0 || (!bw && iters < 2) {
+            bail!("-n must be at least {}", if bw { 1 } else { 2 });
+        }
+        let mtu = match a.mtu {
+            Some(m) => Some(Mtu::from_bytes(m).ok_or_else(|| {
+                anyhow::anyhow!("-m {m}: the MTU is one of 256, 512, 1024, 2048, 4096")
+            })?),
+            None => None,
+        };
+        let sizes = if a.all {
+            if a.size.is_some() {
+                bail!("-a runs every size: drop -s");
+            }
+            (1..24).map(|i| 1u64 << i).collect()
+        } else if tool == Tool::AtomicBw {
+            if a.size.is_some_and(|s| s != 8) {
+                bail!("atomics are 8 bytes: -s does not apply");
+            }
+            vec![8]
+        } else {
+            let s = a.size.unwrap_or(if bw { 65_536 } else { 2 });
+            if s == 0 || s > 1 << 31 {
+                bail!("-s {s}: the size must be between 1 and 2^31");
+            }
+            vec![s]
+        };
+        // perftest: no more in flight than iterations, and a completion at least once per
+        // window.
+        let tx_depth = if bw {
+            a.tx_depth.min(usize::try_from(iters).unwrap_or(usize::MAX))
+        } else {
+            1
+        };
+        let cq_mod = a.cq_mod.min(tx_depth as u64).max(1);
+        let rx_depth = a.rx_depth.min(usize::try_from(iters).unwrap_or(usize::MAX));
+        let progress = match a.progress {
+            Some(ProgressArg::Thread) => Progress::Thread,
+            Some(ProgressArg::Manual) => Progress::Manual,
+            // A side that waits on TCP while the peer's requests arrive needs the engine
+            // thread; a side that polls its queues drives the engine itself.
+            None => match (tool, role) {
+                (Tool::WriteBw | Tool::ReadBw | Tool::AtomicBw | Tool::ReadLat, Role::Server) => {
+                    Progress::Thread
+                }
+                (Tool::SendLat | Tool::WriteLat | Tool::ReadLat, _) => Progress::Manual,
+                _ => Progress::Thread,
+            },
+        };
+        let _ = a.cpu_freq;
+        Ok(Self {
+            tool,
+            role,
+            host: a.host.clone(),
+            port: a.port,
+            ib_dev: a.ib_dev.clone(),
+            gid_index: a.gid_index,
+            local: a.local,
+            qp_type: match conn {
+                ConnType::Rc => QpType::Rc,
+                ConnType::Uc => QpType::Uc,
+                ConnType::Ud => QpType::Ud,
+            },
+            sizes,
+            all: a.all,
+            size_given: a.size.is_some(),
+            iters,
+            mtu,
+            tx_depth,
+            rx_depth,
+            out_reads: a.outs,
+            atomic: a.atomic_type.unwrap_or_default(),
+            cq_mod,
+            no_peak: a.no_peak,
+            events: a.events,
+            gbits: a.report_gbits,
+            json: a.json,
+            timeout: Duration::from_secs(a.timeout.max(1)),
+            accept_timeout: a.accept_timeout.map_or(Timeout::Never, |s| {
+                Timeout::After(Duration::from_secs(s.max(1)))
+            }),
+            pcap: a.pcap.clone(),
+            backend: a.backend,
+            progress,
+            inflight: a.inflight,
+            ack_every: a.ack_every,
+        })
+    }
+}
+
+/// Runs `tool` with `args`.
+///
+/// # Errors
+/// Bad options, device or exchange failures, completion errors: each with its context.
+pub(crate) fn run(tool: Tool, args: &PerfArgs) -> anyhow::Result<ExitCode> {
+    let cfg = Config::resolve(tool, args)?;
+    let mut s = session::Session::establish(&cfg)?;
+    if tool.is_bw() {
+        bw::run(&mut s, &cfg)?;
+    } else {
+        lat::run(&mut s, &cfg)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -27,4 +27,7 @@ args=()
 # bench-all removes its namespaces itself (also on Ctrl-C); this catches a hard kill.
 trap 'for ns in $(ip netns list 2>/dev/null | grep -o "^rb[0-9]*[ab]"); do
           pid=${ns:2:-1}; [ -d "/proc/$pid" ] || ip netns delete "$ns"; done' EXIT
+# ours.cmds runs rocectl's perftest tools from $ROCECTL.
+cargo build -q -p rocectl --release
+export ROCECTL="$PWD/target/release/rocectl"
 cargo run -q -p roce-benches --release --bin bench-all -- "${args[@]}" "$@"

@@ -72,6 +72,15 @@ impl AtomicType {
     }
 }
 
+/// How a tool waits for completions (`--recv`; `block` is `-e`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum RecvMode {
+    /// Poll in a loop (the engine runs in the polling thread).
+    Busy,
+    /// Sleep until something arrives.
+    Block,
+}
+
 /// Who drives the device's engine (`--progress`, for experiments).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum ProgressArg {
@@ -130,6 +139,9 @@ pub(crate) struct PerfArgs {
     /// Atomic operation (atomic-bw)
     #[arg(short = 'A', long = "atomic_type", ignore_case = true)]
     atomic_type: Option<AtomicType>,
+    /// RC ACK timeout: 4.096 us x 2^N before a retry (perftest's -u)
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+    qp_timeout: u8,
     /// Signal one send in this many (bandwidth tests)
     #[arg(short = 'Q', long = "cq-mod", default_value_t = 100)]
     cq_mod: u64,
@@ -139,6 +151,9 @@ pub(crate) struct PerfArgs {
     /// Sleep on completion events instead of busy polling
     #[arg(short = 'e', long)]
     events: bool,
+    /// How to wait: busy (poll, the default) or block (as -e)
+    #[arg(long, value_enum)]
+    recv: Option<RecvMode>,
     /// Ignored (perftest: do not fail on CPU frequency differences)
     #[arg(short = 'F', long = "CPU-freq")]
     cpu_freq: bool,
@@ -210,6 +225,7 @@ pub(crate) struct Config {
     progress: Progress,
     inflight: Option<u32>,
     ack_every: Option<u32>,
+    qp_timeout: u8,
 }
 
 impl Tool {
@@ -357,7 +373,16 @@ impl Config {
             atomic: a.atomic_type.unwrap_or_default(),
             cq_mod,
             no_peak: a.no_peak,
-            events: a.events,
+            events: match a.recv {
+                Some(RecvMode::Block) => true,
+                Some(RecvMode::Busy) => {
+                    if a.events {
+                        bail!("--recv busy contradicts -e");
+                    }
+                    false
+                }
+                None => a.events,
+            },
             gbits: a.report_gbits,
             json: a.json,
             timeout: Duration::from_secs(a.timeout.max(1)),
@@ -369,6 +394,7 @@ impl Config {
             progress,
             inflight: a.inflight,
             ack_every: a.ack_every,
+            qp_timeout: a.qp_timeout,
         })
     }
 }

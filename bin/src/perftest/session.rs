@@ -11,13 +11,14 @@
 
 use std::io;
 use std::net::{IpAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use roce_transport::{
     netdev, Access, AddressHandle, Completion, CompletionQueue, ConnectOptions, Device,
-    DeviceConfig, Gid, MemoryRegion, Mtu, ProtectionDomain, Psn, QKey, QpInit, QpType, QueuePair,
-    RKey, RecvWr, RemoteQp, SendData, SendOp, SendWr, UdDest, WcStatus,
+    DeviceConfig, Gid, MemoryRegion, Mtu, Progress, ProtectionDomain, Psn, QKey, QpInit, QpType,
+    QueuePair, RKey, RecvWr, RemoteQp, SendData, SendOp, SendWr, UdDest, WcStatus,
 };
 
 use super::report::{self, AddrStyle};
@@ -73,6 +74,8 @@ pub(crate) struct Session {
     next: usize,
     /// What the exchange learned.
     learned: Setup,
+    /// Who drives the engine.
+    progress: Progress,
 }
 
 impl Session {
@@ -211,6 +214,7 @@ impl Session {
         let opts = ConnectOptions {
             mtu: Some(mtu),
             local_psn: mine.psn,
+            timeout: cfg.qp_timeout,
             rd_atomic,
             qkey: QKey::new(QKEY),
             ..ConnectOptions::default()
@@ -253,6 +257,7 @@ impl Session {
             plan,
             next,
             learned: setup,
+            progress: cfg.progress,
         })
     }
 
@@ -295,10 +300,33 @@ impl Session {
         let mine = self.mine;
         let mut conn = self.conn.take().context("exchange already closed")?;
         conn.set_timeout(wait);
-        while let Some(&step) = self.plan.get(self.next) {
-            self.next += 1;
-            conn.run_step(step, &mine, report, &mut self.learned)
-                .context("closing the perftest exchange")?;
+        let plan = &self.plan[self.next.min(self.plan.len())..];
+        self.next = self.plan.len();
+        let learned = &mut self.learned;
+        let mut exchange = || -> anyhow::Result<()> {
+            for &step in plan {
+                conn.run_step(step, &mine, report, learned)
+                    .context("closing the perftest exchange")?;
+            }
+            Ok(())
+        };
+        if self.progress == Progress::Manual {
+            // Nothing else runs the engine while we wait on TCP: a lost last ACK or a peer's
+            // retransmission must still be answered, or its retries run out.
+            let stop = AtomicBool::new(false);
+            let dev = &self.dev;
+            std::thread::scope(|sc| {
+                sc.spawn(|| {
+                    while !stop.load(Ordering::Relaxed) {
+                        dev.progress_wait(Duration::from_millis(5));
+                    }
+                });
+                let r = exchange();
+                stop.store(true, Ordering::Relaxed);
+                r
+            })?;
+        } else {
+            exchange()?;
         }
         Ok(self.learned.peer_report.take())
     }

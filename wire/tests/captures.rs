@@ -127,7 +127,7 @@ fn a_flipped_bit_anywhere_covered_fails_the_icrc() {
 /// recovered from the ICRC alone, as the UDP backend must do.
 #[test]
 fn ipv4_ident_recovered_from_icrc_for_every_captured_frame() {
-    let mut solver = roce_wire::icrc::Ipv4IdentSolver::new();
+    let mut solver = icrc::Ipv4IdentSolver::new();
     let mut checked = 0;
     let mut files: Vec<PathBuf> = std::fs::read_dir(captures_dir())
         .unwrap()

@@ -292,6 +292,13 @@ impl Drop for DeviceHandle {
         if let Some(t) = lock(&self.thread).take() {
             let _ = t.join();
         }
+        {
+            // Send what application-driven progress deferred (a final ACK).
+            let mut e = lock(&self.shared.engine);
+            if e.tx_waiting() {
+                e.kick();
+            }
+        }
         if let Some(c) = &lock(&self.shared.engine).capture {
             let _ = lock(&c.0).flush();
         }
@@ -562,18 +569,24 @@ impl Device {
     /// One non-blocking pass of the engine: receive what is waiting, fire due timers, send,
     /// move completions to their CQs. Returns whether anything was received or sent.
     pub fn progress(&self) -> bool {
-        let r = self.lock_engine().progress();
+        let defer = self.shared().progress == Progress::Manual;
+        let r = self.lock_engine().progress(defer);
         r.received > 0 || r.sent > 0
     }
 
     /// Waits up to `timeout` for packets or a timer (whichever first), then makes progress.
     /// For [`Progress::Manual`] devices; harmless on others.
     pub fn progress_wait(&self, timeout: Duration) -> bool {
+        let defer = self.shared().progress == Progress::Manual;
         let (fd, deadline) = {
             let mut e = self.lock_engine();
-            let r = e.progress();
-            if r.received > 0 || r.sent > 0 {
+            let r = e.progress(defer);
+            if r.received > 0 {
                 return true;
+            }
+            // Nothing arrived: send what this or an earlier pass deferred before sleeping.
+            if e.tx_waiting() {
+                e.kick();
             }
             (e.datapath().readiness_fd(), e.next_deadline())
         };
@@ -609,8 +622,9 @@ impl Device {
 
     /// Progress if nobody else is making it right now (CQ polls that found nothing).
     pub(crate) fn try_progress(&self) {
+        let defer = self.shared().progress == Progress::Manual;
         if let Ok(mut e) = self.shared().engine.try_lock() {
-            e.progress();
+            e.progress(defer);
         }
     }
 
@@ -680,7 +694,7 @@ fn run_thread(s: &DeviceShared, mut poll: mio::Poll, has_fd: bool) {
     while !s.stop.load(Ordering::SeqCst) {
         let (r, deadline) = {
             let mut e = lock(&s.engine);
-            let r = e.progress();
+            let r = e.progress(false);
             let d = e.next_deadline();
             let planned = d.map_or(u64::MAX, |d| {
                 d.saturating_duration_since(s.epoch).as_nanos() as u64

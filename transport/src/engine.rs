@@ -98,6 +98,8 @@ pub(crate) struct Engine {
     tx_used: usize,
     /// First descriptor not yet accepted by the datapath.
     tx_pending: usize,
+    /// Packets were deferred by an earlier pass (see [`Engine::progress`]).
+    tx_deferred_earlier: bool,
     /// Room one packet needs in the arena (path MTU + headers + trailer).
     tx_room: usize,
     solver: Ipv4IdentSolver,
@@ -142,6 +144,7 @@ impl Engine {
             tx_descs: Vec::with_capacity(BATCH),
             tx_used: 0,
             tx_pending: 0,
+            tx_deferred_earlier: false,
             tx_room,
             solver: Ipv4IdentSolver::new(),
             scratch: vec![0u8; MAX_HEADERS + tx_room.max(rx_data)].into_boxed_slice(),
@@ -204,18 +207,39 @@ impl Engine {
     }
 
     /// One pass: receive, timers, transmit, completions.
-    pub(crate) fn progress(&mut self) -> PassResult {
+    ///
+    /// With `defer_tx` (application-driven progress), what the pass produces (typically the
+    /// ACK of a message just received) is built into the arena but not sent yet: it goes out
+    /// with the application's next post (the doorbell flushes the arena, so an ACK and the
+    /// reply the application posts on seeing the completion share one `sendmmsg`), or at the
+    /// start of the next pass, or before the application blocks. Whatever an earlier pass
+    /// deferred is sent first.
+    pub(crate) fn progress(&mut self, defer_tx: bool) -> PassResult {
         let mut result = PassResult::default();
         let now = self.now();
+        if defer_tx && self.tx_deferred_earlier {
+            // Deferred by an earlier pass and no post took it along: send it now, so an
+            // ACK waits at most one pass.
+            self.transmit(now, &mut result);
+        }
         self.receive(now, &mut result);
         for slot in self.qps.values_mut() {
             if slot.qp.poll_timeout().is_some_and(|t| t <= now) {
                 slot.qp.handle_timeout(now);
             }
         }
-        self.transmit(now, &mut result);
+        if defer_tx {
+            self.transmit_deferred(now);
+        } else {
+            self.transmit(now, &mut result);
+        }
         self.drain_completions();
         result
+    }
+
+    /// Whether built packets wait to be sent.
+    pub(crate) fn tx_waiting(&self) -> bool {
+        self.tx_pending < self.tx_descs.len()
     }
 
     /// Sends what the QPs have queued and moves completions to their CQs (the doorbell after
@@ -371,7 +395,16 @@ impl Engine {
     // ---------------------------------------------------------------- transmit --
 
     fn transmit(&mut self, now: QpInstant, result: &mut PassResult) {
+        self.tx_deferred_earlier = false;
         loop {
+            if self.tx_pending == self.tx_descs.len() {
+                self.tx_descs.clear();
+                self.tx_used = 0;
+                self.tx_pending = 0;
+            }
+            // Top up the arena behind anything still waiting (a deferred ACK), then send it
+            // all in one call.
+            let filled = self.fill(now);
             if self.tx_pending < self.tx_descs.len() {
                 self.flush(result);
                 if self.tx_pending < self.tx_descs.len() {
@@ -379,13 +412,21 @@ impl Engine {
                     return;
                 }
             }
-            self.tx_descs.clear();
-            self.tx_used = 0;
-            self.tx_pending = 0;
-            if !self.fill(now) {
+            if !filled {
                 return;
             }
         }
+    }
+
+    /// Like [`Self::transmit`], but leaves the last batch built and unsent.
+    fn transmit_deferred(&mut self, now: QpInstant) {
+        if self.tx_pending == self.tx_descs.len() {
+            self.tx_descs.clear();
+            self.tx_used = 0;
+            self.tx_pending = 0;
+        }
+        self.fill(now);
+        self.tx_deferred_earlier = self.tx_waiting();
     }
 
     /// Fills the arena from the QPs, round robin; returns whether anything was queued.

@@ -3,7 +3,7 @@
 //! open, and each is destroyed when dropped (`ibv_dereg_mr`, `ibv_destroy_qp`...).
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -245,6 +245,8 @@ const NOTIFY_SOLICITED: u8 = 2;
 pub(crate) struct CqShared {
     queue: Mutex<roce_qp::cq::CompletionQueue>,
     cond: Condvar,
+    /// Threads blocked in [`CompletionQueue::wait`] (a notify with none is a wasted futex call).
+    waiters: AtomicUsize,
     armed: AtomicU8,
     event: EventFd,
 }
@@ -256,7 +258,9 @@ impl CqShared {
             // A full CQ is an overflow (the queue records it; `overflowed()` reports it).
             let _ = q.push(c);
         }
-        self.cond.notify_all();
+        if self.waiters.load(Ordering::Acquire) > 0 {
+            self.cond.notify_all();
+        }
         let armed = self.armed.load(Ordering::Acquire);
         let fire = armed == NOTIFY_ALL
             || (armed == NOTIFY_SOLICITED
@@ -286,6 +290,7 @@ impl CompletionQueue {
             shared: Arc::new(CqShared {
                 queue: Mutex::new(roce_qp::cq::CompletionQueue::new(depth)),
                 cond: Condvar::new(),
+                waiters: AtomicUsize::new(0),
                 armed: AtomicU8::new(NOTIFY_NONE),
                 event: EventFd::new()?,
             }),
@@ -330,10 +335,14 @@ impl CompletionQueue {
                 crate::Progress::Thread => {
                     let q = lock(&self.shared.queue);
                     if q.is_empty() {
+                        // Registered under the queue lock, which `push` takes before
+                        // checking: no wakeup is lost.
+                        self.shared.waiters.fetch_add(1, Ordering::AcqRel);
                         let _ = self
                             .shared
                             .cond
                             .wait_timeout(q, (deadline - now).min(Duration::from_millis(100)));
+                        self.shared.waiters.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
             }
@@ -734,7 +743,12 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        self.dev().lock_engine().remove(self.qpn.value());
+        let mut e = self.dev().lock_engine();
+        e.remove(self.qpn.value());
+        // Packets already built (a deferred final ACK) still go out: the peer is waiting.
+        if e.tx_waiting() {
+            e.kick();
+        }
     }
 }
 

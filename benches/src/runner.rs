@@ -214,6 +214,19 @@ fn figures(link: &Link) -> Vec<Figure> {
             }
         }
     }
+    if l == "lo" {
+        // Two QPs, each on its own pair of devices (own engine threads), at once: the "limit"
+        // column is one QP's figure, so the ratio is the scaling.
+        v.push(Figure {
+            id: format!("rc-write-bw-2qp/{l}/pmtu4096/65536"),
+            title: format!("RC WRITE BW 64 KiB PMTU 4096, 2 QPs / 1 QP {l}"),
+            metric: Metric::Bandwidth,
+            kind: "rc-write-bw-2qp",
+            params: p(&[("pmtu", "4096".into()), ("size", "65536".into())]),
+            limit: format!("ours/rc-write-bw/{l}/pmtu4096/65536"),
+            peers: [None, None],
+        });
+    }
     v.push(Figure {
         id: format!("ud-send-rate/{l}/64"),
         title: format!("UD SEND rate 64 B {l}"),
@@ -964,11 +977,17 @@ mod tests {
         let (ms, figs) = measurements(&[&lo], &opts, &BTreeMap::new());
         let ids: std::collections::BTreeSet<&str> = ms.iter().map(|m| m.id.as_str()).collect();
         for f in &figs {
-            assert!(ids.contains(f.limit.as_str()), "{}: {}", f.id, f.limit);
+            // A figure may be relative to another of ours (the 2-QP scaling figure).
+            assert!(
+                ids.contains(f.limit.as_str()) || f.limit.starts_with("ours/"),
+                "{}: {}",
+                f.id,
+                f.limit
+            );
             for p in f.peers.iter().flatten() {
                 assert!(ids.contains(p.as_str()), "{}: {p}", f.id);
             }
         }
-        assert_eq!(figs.len(), 3 * 2 * 3 + 2 + 3 * 2);
+        assert_eq!(figs.len(), 3 * 2 * 3 + 1 + 2 + 3 * 2);
     }
 }

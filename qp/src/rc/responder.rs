@@ -521,6 +521,13 @@ impl QueuePair {
                     Resource::Atomic { .. } => false,
                 });
                 if found {
+                    // The requester went back to `psn`: whatever we still meant to send from
+                    // there on (the rest of a long response stream, earlier re-answers) is
+                    // already behind its cursor and would only delay the answer it waits for;
+                    // replace it, as rxe restarts the read (`rxe_resp.c`, duplicate READ).
+                    self.resp
+                        .out
+                        .retain(|j| !matches!(j, RespJob::Read { psn: p, .. } if p.diff(psn) >= 0));
                     let msn = self.resp.msn;
                     self.resp.out.push_back(RespJob::Read {
                         psn,

@@ -271,7 +271,12 @@ impl<'a> Frame<'a> {
             return Err(ParseError::BadFrame);
         }
         let ip_len = ip.header_len();
-        if usize::from(udp.length()) != ip_total - ip_len || l3.len() < ip_total {
+        // The IP length must hold the IP and UDP headers (an IPv6 payload length of 0 with a
+        // UDP length of 0 once slipped through and sliced past the end: found by fuzzing).
+        if ip_total < ip_len + UDP_LEN
+            || usize::from(udp.length()) != ip_total - ip_len
+            || l3.len() < ip_total
+        {
             return Err(ParseError::BadFrame);
         }
         let ip_packet = &l3[..ip_total];

@@ -11,7 +11,7 @@
 
 use std::fmt::Write as _;
 
-use roce_transport::{Gid, WcStatus};
+use roce_transport::Gid;
 
 use crate::oob::perftest::{BwReport, PerftestDest};
 
@@ -268,34 +268,6 @@ pub(crate) fn gid_line(gid: Gid) -> String {
     format!(" GID: {}", bytes.join(":"))
 }
 
-/// rdma-core's `ibv_wc_status_str`, the text the stock tools print for a failed completion.
-pub(crate) fn wc_status_str(s: WcStatus) -> &'static str {
-    match s {
-        WcStatus::Success => "success",
-        WcStatus::LocLenErr => "local length error",
-        WcStatus::LocQpOpErr => "local QP operation error",
-        WcStatus::LocEecOpErr => "local EE context operation error",
-        WcStatus::LocProtErr => "local protection error",
-        WcStatus::WrFlushErr => "Work Request Flushed Error",
-        WcStatus::MwBindErr => "memory management operation error",
-        WcStatus::BadRespErr => "bad response error",
-        WcStatus::LocAccessErr => "local access error",
-        WcStatus::RemInvReqErr => "remote invalid request error",
-        WcStatus::RemAccessErr => "remote access error",
-        WcStatus::RemOpErr => "remote operation error",
-        WcStatus::RetryExcErr => "transport retry counter exceeded",
-        WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
-        WcStatus::LocRddViolErr => "local RDD violation error",
-        WcStatus::RemInvRdReqErr => "remote invalid RD request",
-        WcStatus::RemAbortErr => "operation aborted",
-        WcStatus::InvEecnErr => "invalid EE context number",
-        WcStatus::InvEecStateErr => "invalid EE context state",
-        WcStatus::FatalErr => "fatal error",
-        WcStatus::RespTimeoutErr => "response timeout error",
-        WcStatus::GeneralErr => "general error",
-    }
-}
-
 /// A flat JSON object of string and number fields, written by hand (one line, no spaces).
 #[derive(Debug, Default)]
 pub(crate) struct Json {
@@ -490,14 +462,6 @@ mod tests {
         assert_eq!(
             j,
             r#"{"tool":"write-bw","bytes":65536,"bytes_per_s":1500000000,"x":0}"#
-        );
-    }
-
-    #[test]
-    fn status_names_are_rdma_cores() {
-        assert_eq!(
-            wc_status_str(WcStatus::RetryExcErr),
-            "transport retry counter exceeded"
         );
     }
 }

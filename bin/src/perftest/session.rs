@@ -442,7 +442,7 @@ impl Session {
             "completion with error at {side}: status {} ({}), wr_id {}, opcode {:?}, scnt={scnt}, \
              ccnt={ccnt}",
             c.status as u8,
-            report::wc_status_str(c.status),
+            crate::pingpong::status::status_str(c.status),
             c.wr_id,
             c.opcode
         );

@@ -196,6 +196,62 @@ pub struct QpStats {
     pub drop_address: u64,
 }
 
+impl core::ops::AddAssign<&Self> for QpStats {
+    /// Adds every counter of `other` (a device summing its QPs, live and destroyed).
+    fn add_assign(&mut self, other: &Self) {
+        let Self {
+            tx_packets,
+            tx_bytes,
+            rx_packets,
+            rx_bytes,
+            retransmitted_packets,
+            timeouts,
+            seq_naks_sent,
+            seq_naks_received,
+            rnr_naks_sent,
+            rnr_naks_received,
+            fatal_naks_sent,
+            fatal_naks_received,
+            naks_sent_by_code,
+            naks_received_by_code,
+            duplicate_requests,
+            drop_state,
+            drop_pkey,
+            drop_qkey,
+            drop_opcode,
+            drop_psn,
+            drop_length,
+            drop_no_recv,
+            drop_address,
+        } = other;
+        self.tx_packets += tx_packets;
+        self.tx_bytes += tx_bytes;
+        self.rx_packets += rx_packets;
+        self.rx_bytes += rx_bytes;
+        self.retransmitted_packets += retransmitted_packets;
+        self.timeouts += timeouts;
+        self.seq_naks_sent += seq_naks_sent;
+        self.seq_naks_received += seq_naks_received;
+        self.rnr_naks_sent += rnr_naks_sent;
+        self.rnr_naks_received += rnr_naks_received;
+        self.fatal_naks_sent += fatal_naks_sent;
+        self.fatal_naks_received += fatal_naks_received;
+        for i in 0..3 {
+            self.naks_sent_by_code[i] += naks_sent_by_code[i];
+            self.naks_received_by_code[i] += naks_received_by_code[i];
+        }
+        self.duplicate_requests += duplicate_requests;
+        self.drop_state += drop_state;
+        self.drop_pkey += drop_pkey;
+        self.drop_qkey += drop_qkey;
+        self.drop_opcode += drop_opcode;
+        self.drop_psn += drop_psn;
+        self.drop_length += drop_length;
+        self.drop_no_recv += drop_no_recv;
+        self.drop_address += drop_address;
+    }
+}
+
 impl QpStats {
     /// Counts a fatal NAK sent with `code`.
     pub(crate) fn nak_sent(&mut self, code: roce_wire::aeth::NakCode) {

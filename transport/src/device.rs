@@ -16,7 +16,7 @@ use crate::capture::Capture;
 use crate::counters::{Counters, DeviceCounters};
 use crate::datapath::sim::SimNetwork;
 use crate::datapath::Datapath;
-use crate::engine::{Engine, PassResult};
+use crate::engine::Engine;
 use crate::error::OpenError;
 use crate::netdev::{GidEntry, GidType, NetDevice};
 use crate::verbs::{AsyncEvent, CompletionQueue, ProtectionDomain, SharedReceiveQueue};
@@ -631,8 +631,7 @@ impl Device {
     /// After a post: send at once, and wake the engine thread if a new timer is due before
     /// it planned to wake.
     pub(crate) fn doorbell(&self, mut e: MutexGuard<'_, Engine>, qpn: u32) {
-        let r: PassResult = e.kick();
-        let _ = r;
+        e.kick();
         let s = self.shared();
         if s.progress != Progress::Thread {
             return;

@@ -185,7 +185,7 @@ impl Engine {
         // Fold the statistics into one retired entry so the list stays one long.
         let stats = slot.qp.stats();
         match self.retired.first_mut() {
-            Some(r) => add_stats(r, &stats),
+            Some(r) => *r += &stats,
             None => self.retired.push(stats),
         }
         Some(slot)
@@ -638,33 +638,4 @@ pub(crate) fn mac_for(ip: IpAddr) -> [u8; 6] {
             [0x02, o[11], o[12], o[13], o[14], o[15]]
         }
     }
-}
-
-/// Adds `b` into `a`, field by field.
-fn add_stats(a: &mut QpStats, b: &QpStats) {
-    a.tx_packets += b.tx_packets;
-    a.tx_bytes += b.tx_bytes;
-    a.rx_packets += b.rx_packets;
-    a.rx_bytes += b.rx_bytes;
-    a.retransmitted_packets += b.retransmitted_packets;
-    a.timeouts += b.timeouts;
-    a.seq_naks_sent += b.seq_naks_sent;
-    a.seq_naks_received += b.seq_naks_received;
-    a.rnr_naks_sent += b.rnr_naks_sent;
-    a.rnr_naks_received += b.rnr_naks_received;
-    a.fatal_naks_sent += b.fatal_naks_sent;
-    a.fatal_naks_received += b.fatal_naks_received;
-    for i in 0..3 {
-        a.naks_sent_by_code[i] += b.naks_sent_by_code[i];
-        a.naks_received_by_code[i] += b.naks_received_by_code[i];
-    }
-    a.duplicate_requests += b.duplicate_requests;
-    a.drop_state += b.drop_state;
-    a.drop_pkey += b.drop_pkey;
-    a.drop_qkey += b.drop_qkey;
-    a.drop_opcode += b.drop_opcode;
-    a.drop_psn += b.drop_psn;
-    a.drop_length += b.drop_length;
-    a.drop_no_recv += b.drop_no_recv;
-    a.drop_address += b.drop_address;
 }

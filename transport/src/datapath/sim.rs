@@ -54,7 +54,6 @@ struct SimInner {
     link: LinkConfig,
     rng: Rng,
     in_burst: bool,
-    seq: u64,
     stats: SimStats,
     ip_mtu: usize,
     queue_limit: usize,
@@ -69,7 +68,6 @@ struct Port {
 #[derive(Debug)]
 struct InFlight {
     due: Instant,
-    seq: u64,
     data: Vec<u8>,
     meta: RxMeta,
 }
@@ -83,7 +81,6 @@ impl SimNetwork {
                 link,
                 rng: Rng::new(seed),
                 in_burst: false,
-                seq: 0,
                 stats: SimStats::default(),
                 ip_mtu: 9000,
                 queue_limit: 65_536,
@@ -197,8 +194,6 @@ impl SimInner {
                     dont_fragment: true,
                 }),
             };
-            self.seq += 1;
-            let seq = self.seq;
             let limit = self.queue_limit;
             let Some(port) = self.ports.get_mut(&d.dst.ip()) else {
                 self.stats.no_port += 1;
@@ -215,15 +210,7 @@ impl SimInner {
                 .iter()
                 .rposition(|p| p.due <= due)
                 .map_or(0, |i| i + 1);
-            port.queue.insert(
-                at,
-                InFlight {
-                    due,
-                    seq,
-                    data,
-                    meta,
-                },
-            );
+            port.queue.insert(at, InFlight { due, data, meta });
             if at == 0 && due <= now {
                 port.event.notify();
             }
@@ -290,7 +277,6 @@ impl Datapath for SimDatapath {
             let Some(p) = port.queue.pop_front() else {
                 break;
             };
-            let _ = p.seq;
             let len = p.data.len().min(bufs[n].len());
             bufs[n][..len].copy_from_slice(&p.data[..len]);
             meta[n] = RxMeta {

@@ -327,8 +327,8 @@ fn ack_completing_the_wqe_being_resent_keeps_psns_right() {
 
 /// A 1 MiB READ (1024 responses at path MTU 1024) over a link losing 10% each way: every
 /// lost response is re-requested from where the data stopped, and the READ completes intact.
-/// (Found by the veth test with kernel-injected loss: a re-request for the middle of a long
-/// READ was answered with a remote access NAK.)
+/// (Written while chasing a remote-access NAK the veth loss test saw on a long READ; that turned
+/// out to be a late duplicate after the region was freed, covered by the next test.)
 #[test]
 fn a_long_read_survives_ten_percent_loss() {
     for seed in [1u64, 2, 3, 4, 5] {

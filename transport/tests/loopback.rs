@@ -5,8 +5,9 @@
 //!
 //! The tests in this file share 127.0.0.1:4791 and 127.0.0.2:4791, so they take a lock.
 
+mod pcap_check;
+
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -16,13 +17,9 @@ use roce_transport::{
     Qpn, RemoteQp, SendOp, SendWr, WcStatus,
 };
 
-static PORTS: Mutex<()> = Mutex::new(());
+use pcap_check::check_pcap;
 
-fn shared_dir() -> PathBuf {
-    std::env::var_os("ROCE_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"))
-}
+static PORTS: Mutex<()> = Mutex::new(());
 
 fn open(ip: &str, name: &str, pcap: Option<&PathBuf>) -> Device {
     let mut cfg = DeviceConfig::udp(ip.parse().unwrap()).name(name);
@@ -30,30 +27,6 @@ fn open(ip: &str, name: &str, pcap: Option<&PathBuf>) -> Device {
         cfg = cfg.pcap(p);
     }
     Device::open(cfg).unwrap_or_else(|e| panic!("open {ip}: {e}"))
-}
-
-/// Runs `shared/tools/check_pcap.sh` on a capture; panics with its output unless it passes.
-pub fn check_pcap(path: &std::path::Path) {
-    let script = shared_dir().join("tools/check_pcap.sh");
-    if std::env::var_os("ROCECTL_SKIP_TSHARK").is_some() {
-        eprintln!(
-            "!!! ROCECTL_SKIP_TSHARK set: NOT checking {}",
-            path.display()
-        );
-        return;
-    }
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg(path)
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "check_pcap.sh failed:\n{text}");
-    eprintln!("{}", text.lines().last().unwrap_or(""));
 }
 
 #[test]

@@ -6,52 +6,22 @@
 //!
 //! Needs root (CI runs as root); skips loudly only where the kernel lacks network namespaces.
 
+mod pcap_check;
+
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use roce_transport::netns::{netns_or_skip, NetnsPair, Side};
 use roce_transport::selftest::{run_rc, run_ud, SelftestOptions};
 use roce_transport::{Backend, Device, DeviceConfig, Mtu};
 
+use pcap_check::check_pcap;
+
 #[derive(Clone, Copy, Debug)]
 enum Kind {
     Udp,
     Raw,
-}
-
-fn shared_dir() -> PathBuf {
-    std::env::var_os("ROCE_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"))
-}
-
-fn check_pcap(path: &Path) {
-    if std::env::var_os("ROCECTL_SKIP_TSHARK").is_some() {
-        eprintln!(
-            "!!! ROCECTL_SKIP_TSHARK set: NOT checking {}",
-            path.display()
-        );
-        return;
-    }
-    let script = shared_dir().join("tools/check_pcap.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg(path)
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "check_pcap.sh {}:\n{text}",
-        path.display()
-    );
-    eprintln!("{}: {}", path.display(), text.lines().last().unwrap_or(""));
 }
 
 fn open(pair: &NetnsPair, side: Side, kind: Kind, v6: bool, pcap: &Path) -> Device {

@@ -634,7 +634,7 @@ pub enum Side {
 /// One row of the interop table: a tool in one direction.
 ///
 /// Both command lines may use the placeholders of [`Lab::vars`] (`@GUEST_IP@`, `@HOST_IP@`,
-/// `@GID@`, `@LAB_DIR@`, `@ROCECTL@`, `@OUT_DIR@`). The guest command is run by the guest's
+/// `@GUEST_IP6@`, `@HOST_IP6@`, `@GID@`, `@LAB_DIR@`, `@ROCECTL@`, `@OUT_DIR@`). The guest command is run by the guest's
 /// busybox `sh`, so `$(lab-info gid)` also works there; the host command by `sh -c` inside
 /// the namespace (`ip netns exec`). The server side listens on TCP [`OOB_PORT`].
 #[derive(Clone, Copy, Debug)]
@@ -873,9 +873,14 @@ impl Lab {
         let rocectl = std::env::var("ROCECTL").unwrap_or_else(|_| {
             path_str(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/rocectl"))
         });
+        // The lab's IPv6 addresses (ROCE_LAB_IPV6=1): guest A is `<prefix>1`, the bridge (us)
+        // `<prefix>fe` (shared/lab/rxe/lib.sh `guest_ip6`, `HOST_IP6`).
+        let prefix6 = std::env::var("ROCE_LAB_SUBNET6").unwrap_or_else(|_| "fd77::".to_owned());
         vec![
             ("GUEST_IP", self.info.guest_ip.clone()),
             ("HOST_IP", self.info.host_ip.clone()),
+            ("GUEST_IP6", format!("{prefix6}1")),
+            ("HOST_IP6", format!("{prefix6}fe")),
             ("GID", self.info.gid_index.to_string()),
             ("LAB_DIR", path_str(&self.cfg.lab_dir)),
             ("ROCECTL", rocectl),

@@ -160,8 +160,16 @@ impl MrTable {
                 mw_refs: AtomicU32::new(0),
             })
             .collect();
+        // The free list starts in a seeded random order, so a region's index (the upper 24
+        // bits of its keys) is as hard to guess as its 8-bit key: with an OS-random seed an
+        // off-path peer cannot predict rkeys (ReDMArk, USENIX Security 2021).
+        let mut free: Vec<u32> = (1..=capacity).collect();
+        for i in (1..free.len()).rev() {
+            let j = (rng.next() % (i as u64 + 1)) as usize;
+            free.swap(i, j);
+        }
         let ctrl = Ctrl {
-            free: (1..=capacity).collect(),
+            free: free.into(),
             pds: HashMap::new(),
             next_pd: 1,
         };
@@ -1064,7 +1072,8 @@ impl fmt::Debug for Checked<'_> {
     }
 }
 
-/// splitmix64 (Steele, Lea, Flood 2014): seeds the initial 8-bit keys.
+/// splitmix64 (Steele, Lea, Flood 2014): the initial 8-bit keys and free-list order from the
+/// table's seed (the device seeds it from the OS RNG unless a test asks for a seed).
 struct SplitMix64(u64);
 
 impl SplitMix64 {
@@ -1472,14 +1481,42 @@ mod tests {
     }
 
     #[test]
+    fn the_seed_decides_index_order_and_keys() {
+        let keys = |seed| {
+            let t = MrTable::new(1024, seed);
+            let pd = t.alloc_pd();
+            (0..8)
+                .map(|_| t.register_zeroed(pd, 8, 0, RW).unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(keys(1), keys(1));
+        let (a, b) = (keys(1), keys(2));
+        assert_ne!(a, b);
+        // Indexes are not handed out in order 1, 2, 3, ...
+        let sequential = |ks: &[Key]| ks.windows(2).all(|w| w[1].index() == w[0].index() + 1);
+        assert!(!sequential(&a) || !sequential(&b));
+        for ks in [&a, &b] {
+            let mut idx: Vec<u32> = ks.iter().map(|k| k.index()).collect();
+            idx.sort_unstable();
+            idx.dedup();
+            assert_eq!(idx.len(), ks.len(), "indexes are unique");
+            assert!(idx.iter().all(|&i| (1..=1024).contains(&i)));
+        }
+    }
+
+    #[test]
     fn deregister_errors() {
         let (t, pd) = table();
         let k = t.register_zeroed(pd, 64, 0, BIND).unwrap();
         let mw = t.alloc_mw(pd, MwType::Type1).unwrap();
+        // An index nothing was registered at (the free list's order is seeded random).
+        let unused = (1..)
+            .find(|i| ![k.index(), mw.index()].contains(i))
+            .unwrap();
         assert_eq!(
-            t.deregister(Key::new(9, 0)),
+            t.deregister(Key::new(unused, 0)),
             Err(DeregisterError::UnknownKey {
-                key: Key::new(9, 0)
+                key: Key::new(unused, 0)
             })
         );
         assert_eq!(

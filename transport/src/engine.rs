@@ -30,10 +30,11 @@ use roce_wire::frame::{EthRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr, 
 use roce_wire::icrc::{Icrc, Ipv4IdentSolver, ICRC_LEN};
 use roce_wire::{Gid, PacketRepr, Qpn};
 
+use crate::capture::CaptureFile;
 use crate::counters::DeviceCounters;
+use crate::cq::{AsyncEvent, CqShared};
 use crate::datapath::{Datapath, DatapathCaps, RxMeta, TxDatagram};
-use crate::device::{lock, CaptureFile};
-use crate::verbs::{AsyncEvent, CqShared};
+use crate::sys::lock;
 
 /// Datagrams per receive or send batch.
 pub(crate) const BATCH: usize = 64;

@@ -54,6 +54,7 @@
 
 mod capture;
 mod counters;
+mod cq;
 mod device;
 mod engine;
 mod error;
@@ -65,11 +66,11 @@ pub mod netdev;
 pub mod netns;
 pub mod selftest;
 
+pub use capture::CaptureFile;
 pub use counters::{Counters, DeviceCounters};
+pub use cq::AsyncEvent;
 pub use datapath::sim::{LinkConfig, SimNetwork, SimStats};
-pub use device::{
-    Backend, CaptureFile, Device, DeviceAttr, DeviceConfig, PortAttr, PortState, Progress,
-};
+pub use device::{Backend, Device, DeviceAttr, DeviceConfig, PortAttr, PortState, Progress};
 pub use error::{OpenError, VerbsError};
 pub use netdev::{GidEntry, GidType};
 pub use roce_mr::{Access, AccessError};
@@ -81,6 +82,6 @@ pub use roce_qp::verbs::{
 pub use roce_qp::{Event, PostError, QpConfig, QpStats};
 pub use roce_wire::{Gid, LKey, Psn, QKey, Qpn, RKey};
 pub use verbs::{
-    AsyncEvent, CompletionQueue, ConnectOptions, MemoryRegion, ProtectionDomain, QpInit, QueuePair,
-    RemoteQp, SharedReceiveQueue,
+    CompletionQueue, ConnectOptions, MemoryRegion, ProtectionDomain, QpInit, QueuePair, RemoteQp,
+    SharedReceiveQueue,
 };

@@ -1,7 +1,16 @@
 //! Devices: open a backend, run the engine, query attributes.
+//!
+//! - `config`: how to open a device ([`DeviceConfig`], [`Backend`], [`Progress`]);
+//! - `attr`: what a device and its port report;
+//! - `thread`: who drives the engine, the lock order and the doorbell's wake protocol (read
+//!   its module doc before changing anything that takes a lock).
+
+mod attr;
+mod config;
+mod thread;
 
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -12,237 +21,18 @@ use roce_mr::MrTable;
 use roce_qp::verbs::Mtu;
 use roce_wire::Gid;
 
-use crate::capture::Capture;
+pub use attr::{DeviceAttr, PortAttr, PortState};
+pub use config::{Backend, DeviceConfig, Progress};
+
+use crate::capture::CaptureFile;
 use crate::counters::{Counters, DeviceCounters};
-use crate::datapath::sim::SimNetwork;
+use crate::cq::AsyncEvent;
 use crate::datapath::Datapath;
 use crate::engine::Engine;
 use crate::error::OpenError;
-use crate::netdev::{GidEntry, GidType, NetDevice};
-use crate::verbs::{AsyncEvent, CompletionQueue, ProtectionDomain, SharedReceiveQueue};
-
-/// Which datapath a device uses.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Backend {
-    /// Kernel UDP sockets bound to `local`:`port` (4791 for interoperability). No privileges.
-    Udp {
-        /// Local IP address (IPv4 or IPv6) the socket binds to.
-        local: IpAddr,
-        /// UDP port (4791 unless testing).
-        port: u16,
-    },
-    /// Whole Ethernet frames on an interface (`AF_PACKET`); needs `CAP_NET_RAW`.
-    Raw {
-        /// Interface name.
-        ifname: String,
-        /// Our IP address on it.
-        local: IpAddr,
-    },
-    /// A port on an in-memory network.
-    Sim {
-        /// The network.
-        net: SimNetwork,
-        /// Our address on it.
-        local: IpAddr,
-    },
-    /// Any other [`Datapath`].
-    Custom(Box<dyn Datapath>),
-}
-
-/// Who drives the engine.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Progress {
-    /// A thread per device receives, fires timers and sends; posts send at once from the
-    /// caller's thread. CQ polls that find nothing also make progress themselves.
-    #[default]
-    Thread,
-    /// The application drives: [`Device::progress`] and [`Device::progress_wait`], or CQ
-    /// polls (a collective library polling its CQs needs nothing else).
-    Manual,
-}
-
-/// How to open a device.
-#[derive(Debug)]
-pub struct DeviceConfig {
-    /// The datapath.
-    pub backend: Backend,
-    /// Device name (`ibv_devinfo`'s `hca_id`).
-    pub name: String,
-    /// Active path MTU; default: the largest the interface MTU allows (as rxe), at most 4096.
-    pub mtu: Option<Mtu>,
-    /// Who drives the engine.
-    pub progress: Progress,
-    /// Write every frame sent and received to this pcap file. Without it the environment
-    /// variable `ROCECTL_PCAP` is used; `{dev}` in either is replaced by the device name.
-    pub pcap: Option<PathBuf>,
-    /// A capture file shared with other devices (one pcap of several devices' traffic);
-    /// takes precedence over `pcap`.
-    pub capture: Option<CaptureFile>,
-    /// Seed for memory keys and initial PSNs.
-    pub seed: u64,
-    /// Memory-region table capacity.
-    pub max_mr: u32,
-}
-
-impl DeviceConfig {
-    /// A device on `backend` with defaults.
-    pub fn new(backend: Backend) -> Self {
-        Self {
-            backend,
-            name: "rocectl0".into(),
-            mtu: None,
-            progress: Progress::Thread,
-            pcap: None,
-            capture: None,
-            seed: 0x5EED_0000_0001,
-            max_mr: 1 << 16,
-        }
-    }
-
-    /// A `udp` device on `local`:4791.
-    pub fn udp(local: IpAddr) -> Self {
-        Self::new(Backend::Udp {
-            local,
-            port: roce_wire::frame::ROCEV2_PORT,
-        })
-    }
-
-    /// A `sim` device with address `local` on `net`.
-    pub fn sim(net: &SimNetwork, local: IpAddr) -> Self {
-        Self::new(Backend::Sim {
-            net: net.clone(),
-            local,
-        })
-    }
-
-    /// Sets the name.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = name.into();
-        self
-    }
-
-    /// Sets the active path MTU.
-    pub fn mtu(mut self, mtu: Mtu) -> Self {
-        self.mtu = Some(mtu);
-        self
-    }
-
-    /// Sets who drives the engine.
-    pub fn progress(mut self, progress: Progress) -> Self {
-        self.progress = progress;
-        self
-    }
-
-    /// Captures to a pcap file.
-    pub fn pcap(mut self, path: impl Into<PathBuf>) -> Self {
-        self.pcap = Some(path.into());
-        self
-    }
-
-    /// Captures into a file shared with other devices.
-    pub fn capture(mut self, capture: &CaptureFile) -> Self {
-        self.capture = Some(capture.clone());
-        self
-    }
-
-    /// Sets the seed.
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = seed;
-        self
-    }
-}
-
-/// A pcap file several devices can write into.
-#[derive(Clone, Debug)]
-pub struct CaptureFile(pub(crate) Arc<Mutex<Capture>>);
-
-impl CaptureFile {
-    /// Creates (truncates) the file.
-    ///
-    /// # Errors
-    /// The file cannot be created.
-    pub fn create(path: impl AsRef<std::path::Path>) -> io::Result<Self> {
-        Ok(Self(Arc::new(Mutex::new(Capture::create(path.as_ref())?))))
-    }
-
-    /// Frames written so far.
-    pub fn frames(&self) -> u64 {
-        lock(&self.0).frames
-    }
-
-    /// Flushes buffered frames to disk.
-    ///
-    /// # Errors
-    /// The write error, including one that stopped the capture earlier.
-    pub fn flush(&self) -> io::Result<()> {
-        let mut c = lock(&self.0);
-        if let Some(e) = &c.error {
-            return Err(io::Error::other(e.clone()));
-        }
-        c.flush()
-    }
-
-    /// The file.
-    pub fn path(&self) -> PathBuf {
-        lock(&self.0).path().to_path_buf()
-    }
-}
-
-/// Device attributes (`ibv_query_device`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceAttr {
-    /// Device name.
-    pub name: String,
-    /// Backend (`udp`, `raw`, `sim`...).
-    pub backend: &'static str,
-    /// Node GUID (EUI-64 from the MAC, as rxe).
-    pub node_guid: u64,
-    /// Most QPs.
-    pub max_qp: u32,
-    /// Most WRs per queue.
-    pub max_qp_wr: u32,
-    /// Most SGEs per WR.
-    pub max_sge: u32,
-    /// Most CQ entries.
-    pub max_cqe: u32,
-    /// Most memory regions.
-    pub max_mr: u32,
-    /// Outstanding READ/atomic requests per QP, as responder.
-    pub max_qp_rd_atom: u32,
-    /// Outstanding READ/atomic requests per QP, as requester.
-    pub max_qp_init_rd_atom: u32,
-    /// Atomics are atomic with respect to this device only (IBV_ATOMIC_HCA).
-    pub atomic_cap: &'static str,
-}
-
-/// Port state (`ibv_port_state`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PortState {
-    /// Up.
-    Active,
-}
-
-/// Port attributes (`ibv_query_port`, port 1).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PortAttr {
-    /// State.
-    pub state: PortState,
-    /// Largest path MTU the interface allows.
-    pub max_mtu: Mtu,
-    /// Path MTU in use.
-    pub active_mtu: Mtu,
-    /// The interface's IP MTU.
-    pub ip_mtu: usize,
-    /// GID table entries.
-    pub gid_tbl_len: usize,
-    /// Link layer.
-    pub link_layer: &'static str,
-    /// Local IP address and UDP port.
-    pub local: SocketAddr,
-    /// The network interface the device sends through (`None` on `sim`).
-    pub netdev: Option<String>,
-}
+use crate::netdev::NetDevice;
+use crate::sys::lock;
+use thread::{run_thread, DATAPATH, WAKER};
 
 pub(crate) struct DeviceShared {
     pub(crate) name: String,
@@ -433,106 +223,9 @@ impl Device {
         &self.shared().name
     }
 
-    /// `ibv_query_device`.
-    pub fn query_device(&self) -> DeviceAttr {
-        let s = self.shared();
-        let m = s.mac;
-        let guid = u64::from_be_bytes([m[0] ^ 0x02, m[1], m[2], 0xFF, 0xFE, m[3], m[4], m[5]]);
-        DeviceAttr {
-            name: s.name.clone(),
-            backend: s.backend,
-            node_guid: guid,
-            max_qp: 0x00FF_FFFF - 0x11,
-            max_qp_wr: 1 << 14,
-            max_sge: 32,
-            max_cqe: 1 << 20,
-            max_mr: s.table.capacity(),
-            max_qp_rd_atom: 128,
-            max_qp_init_rd_atom: 128,
-            atomic_cap: "ATOMIC_HCA",
-        }
-    }
-
-    /// `ibv_query_port` (port 1).
-    pub fn query_port(&self) -> PortAttr {
-        let s = self.shared();
-        PortAttr {
-            state: PortState::Active,
-            max_mtu: s.max_mtu,
-            active_mtu: s.mtu,
-            ip_mtu: s.ip_mtu,
-            gid_tbl_len: s.gids.len(),
-            link_layer: "Ethernet",
-            local: s.local,
-            netdev: s.netdev.clone(),
-        }
-    }
-
-    /// The GID table (every entry is RoCE v2).
-    pub fn gid_table(&self) -> Vec<GidEntry> {
-        self.shared()
-            .gids
-            .iter()
-            .enumerate()
-            .map(|(i, g)| GidEntry {
-                index: i as u8,
-                gid: *g,
-                kind: GidType::RoceV2,
-            })
-            .collect()
-    }
-
-    /// `ibv_query_gid`.
-    ///
-    /// # Errors
-    /// [`crate::VerbsError::NoSuchGid`] for an index past the table.
-    pub fn gid(&self, index: u8) -> Result<Gid, crate::VerbsError> {
-        self.shared()
-            .gids
-            .get(usize::from(index))
-            .copied()
-            .ok_or(crate::VerbsError::NoSuchGid {
-                index,
-                len: self.shared().gids.len(),
-            })
-    }
-
-    /// The index of our IP address's GID in the table (what `-g`/`-x` should select).
-    pub fn local_gid_index(&self) -> Option<u8> {
-        let gid = self.local_gid();
-        self.shared()
-            .gids
-            .iter()
-            .position(|g| *g == gid)
-            .map(|i| i as u8)
-    }
-
-    /// The GID of our IP address (what peers put in their address handles).
-    pub fn local_gid(&self) -> Gid {
-        Gid::from_ip(self.shared().local.ip())
-    }
-
     /// Local IP address and UDP port.
     pub fn local_addr(&self) -> SocketAddr {
         self.shared().local
-    }
-
-    /// Allocates a protection domain.
-    pub fn alloc_pd(&self) -> ProtectionDomain {
-        ProtectionDomain::new(self.clone())
-    }
-
-    /// Creates a completion queue of `depth` entries.
-    ///
-    /// # Errors
-    /// A depth of 0 or above the device limit; eventfd creation failure.
-    pub fn create_cq(&self, depth: usize) -> Result<CompletionQueue, crate::VerbsError> {
-        CompletionQueue::new(self.clone(), depth)
-    }
-
-    /// Creates a shared receive queue of `max_wr` entries.
-    pub fn create_srq(&self, max_wr: usize) -> SharedReceiveQueue {
-        SharedReceiveQueue::new(self.clone(), max_wr)
     }
 
     /// Device and QP counters, summed.
@@ -628,29 +321,6 @@ impl Device {
         }
     }
 
-    /// After a post: send at once, and wake the engine thread if a new timer is due before
-    /// it planned to wake.
-    pub(crate) fn doorbell(&self, mut e: MutexGuard<'_, Engine>, qpn: u32) {
-        e.kick();
-        let s = self.shared();
-        if s.progress != Progress::Thread {
-            return;
-        }
-        let due = e
-            .qps
-            .get(&qpn)
-            .and_then(|q| q.qp.poll_timeout())
-            .map(|t| e.to_std(t));
-        drop(e);
-        if let Some(due) = due {
-            let planned = s.sleep_until.load(Ordering::Acquire);
-            let due_ns = due.saturating_duration_since(s.epoch).as_nanos() as u64;
-            if planned == 0 || due_ns < planned {
-                s.wake();
-            }
-        }
-    }
-
     /// A fresh QPN.
     pub(crate) fn alloc_qpn(&self) -> u32 {
         let n = self.shared().next_qpn.fetch_add(1, Ordering::Relaxed);
@@ -677,46 +347,6 @@ impl Device {
     }
 }
 
-impl DeviceShared {
-    fn wake(&self) {
-        if let Some(w) = &self.waker {
-            let _ = w.wake();
-        }
-    }
-}
-
-const DATAPATH: mio::Token = mio::Token(0);
-const WAKER: mio::Token = mio::Token(1);
-
-fn run_thread(s: &DeviceShared, mut poll: mio::Poll, has_fd: bool) {
-    let mut events = mio::Events::with_capacity(16);
-    while !s.stop.load(Ordering::SeqCst) {
-        let (r, deadline) = {
-            let mut e = lock(&s.engine);
-            let r = e.progress(false);
-            let d = e.next_deadline();
-            let planned = d.map_or(u64::MAX, |d| {
-                d.saturating_duration_since(s.epoch).as_nanos() as u64
-            });
-            s.sleep_until.store(planned.max(1), Ordering::Release);
-            (r, d)
-        };
-        if r.more_rx {
-            continue;
-        }
-        let now = Instant::now();
-        let mut timeout =
-            deadline.map_or(Duration::from_secs(1), |d| d.saturating_duration_since(now));
-        if r.tx_blocked || !has_fd {
-            timeout = timeout.min(Duration::from_micros(200));
-        }
-        if poll.poll(&mut events, Some(timeout)).is_err() {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        s.sleep_until.store(0, Ordering::Release);
-    }
-}
-
 fn open_capture(path: &std::path::Path, dev: &str) -> Result<CaptureFile, OpenError> {
     let text = path.to_string_lossy().replace("{dev}", dev);
     CaptureFile::create(&text).map_err(|e| OpenError::Capture {
@@ -737,8 +367,4 @@ fn open_backend(backend: Backend) -> Result<Box<dyn Datapath>, OpenError> {
         Backend::Udp { local, port } => crate::datapath::open::udp(local, port),
         Backend::Raw { ifname, local } => crate::datapath::open::raw(&ifname, local),
     }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -201,7 +201,11 @@ impl Engine {
             .filter_map(|s| s.qp.poll_timeout())
             .min()
             .map(|t| self.to_std(t));
-        match (qp, self.dp.next_wakeup()) {
+        let dp = self
+            .dp
+            .next_wakeup()
+            .map(|d| std::time::Instant::now() + d);
+        match (qp, dp) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }

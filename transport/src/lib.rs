@@ -53,6 +53,7 @@
 //! ```
 
 mod capture;
+pub mod clock;
 mod counters;
 mod cq;
 mod device;

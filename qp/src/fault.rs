@@ -1,7 +1,7 @@
 //! One fault model for simulated links, and the seeded RNG every simulation draws from.
 //!
 //! Both simulators of the stack use this module, so a knob means the same thing at every
-//! layer: the queue-pair simulator ([`crate::testing`], behind the `testing` feature) and the
+//! layer: the queue-pair simulator (`testing`, behind the `testing` feature) and the
 //! transport's `FaultInjector` middleware (which wraps any datapath, and which its `sim`
 //! backend uses). The model only *decides*: [`FaultModel::offer`] takes the length of a
 //! datagram and returns a [`Verdict`] (lost, or up to two copies, each with a delay and maybe a

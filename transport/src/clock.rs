@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use roce_qp::Instant;
+/// A point in time on a [`Clock`]: `roce_qp`'s nanoseconds from an arbitrary epoch.
+pub use roce_qp::Instant;
 
 /// A source of the current time. Must be monotonic (never go back).
 pub trait Clock: Send + Sync + fmt::Debug {

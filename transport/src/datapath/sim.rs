@@ -3,7 +3,7 @@
 //! A [`SimNetwork`] is a switch: every [`SimDatapath`] opened on it owns one IP address, and a
 //! datagram sent to an address is queued at that port. Faults (loss, Gilbert burst loss,
 //! duplication, reordering, corruption, delay and jitter) come from a
-//! [`FaultInjector`](super::fault::FaultInjector) in front of each port, all of them sharing
+//! [`FaultInjector`] in front of each port, all of them sharing
 //! the network's one fault model and seed ([`roce_qp::fault`], the model the queue-pair
 //! simulator uses too), and all reading the network's [`Clock`]. Ports report the IPv4
 //! Identification the engine used (0) and DF, so the engine checks all 32 ICRC bits, and a

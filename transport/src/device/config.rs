@@ -2,10 +2,12 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use roce_qp::verbs::Mtu;
 
 use crate::capture::CaptureFile;
+use crate::clock::Clock;
 use crate::datapath::sim::SimNetwork;
 use crate::datapath::Datapath;
 
@@ -45,7 +47,7 @@ pub enum Progress {
     /// caller's thread. CQ polls that find nothing also make progress themselves.
     #[default]
     Thread,
-    /// The application drives: [`Device::progress`] and [`Device::progress_wait`], or CQ
+    /// The application drives: [`crate::Device::progress`] and [`crate::Device::progress_wait`], or CQ
     /// polls (a collective library polling its CQs needs nothing else).
     Manual,
 }
@@ -71,6 +73,10 @@ pub struct DeviceConfig {
     pub seed: u64,
     /// Memory-region table capacity.
     pub max_mr: u32,
+    /// The clock the engine reads. Default: the `sim` network's clock on a `sim` backend, the
+    /// system clock otherwise. With a [`crate::clock::VirtualClock`] and
+    /// [`Progress::Manual`], a scenario on the `sim` backend replays exactly from its seeds.
+    pub clock: Option<Arc<dyn Clock>>,
 }
 
 impl DeviceConfig {
@@ -85,6 +91,7 @@ impl DeviceConfig {
             capture: None,
             seed: 0x5EED_0000_0001,
             max_mr: 1 << 16,
+            clock: None,
         }
     }
 
@@ -131,6 +138,12 @@ impl DeviceConfig {
     /// Captures into a file shared with other devices.
     pub fn capture(mut self, capture: &CaptureFile) -> Self {
         self.capture = Some(capture.clone());
+        self
+    }
+
+    /// Sets the clock.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
         self
     }
 

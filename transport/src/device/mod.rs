@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use roce_mr::MrTable;
 use roce_qp::verbs::Mtu;
@@ -25,6 +25,7 @@ pub use attr::{DeviceAttr, PortAttr, PortState};
 pub use config::{Backend, DeviceConfig, Progress};
 
 use crate::capture::CaptureFile;
+use crate::clock;
 use crate::counters::{Counters, DeviceCounters};
 use crate::cq::AsyncEvent;
 use crate::datapath::Datapath;
@@ -53,9 +54,8 @@ pub(crate) struct DeviceShared {
     backend: &'static str,
     local: SocketAddr,
     ip_mtu: usize,
-    /// When the progress thread plans to wake (ns since `epoch`; 0: not sleeping).
+    /// When the progress thread plans to wake (ns on the engine clock; 0: not sleeping).
     sleep_until: AtomicU64,
-    epoch: Instant,
 }
 
 impl std::fmt::Debug for DeviceShared {
@@ -110,6 +110,12 @@ impl Device {
     /// `CAP_NET_RAW`...), the MTU does not fit the interface, or the capture file cannot be
     /// created.
     pub fn open(config: DeviceConfig) -> Result<Self, OpenError> {
+        let clock = match (&config.clock, &config.backend) {
+            (Some(c), _) => c.clone(),
+            // A device on a simulated network runs on the network's clock.
+            (None, Backend::Sim { net, .. }) => net.clock().clone(),
+            (None, _) => clock::system(),
+        };
         let dp = open_backend(config.backend)?;
         let caps = dp.caps();
         let local = dp.local_addr();
@@ -135,12 +141,12 @@ impl Device {
         let mac = netdev
             .as_ref()
             .and_then(|n| n.mac)
-            .unwrap_or_else(|| crate::engine::mac_for(local.ip()));
+            .unwrap_or_else(|| crate::endpoint::mac_for(local.ip()));
         let gids: Vec<Gid> = match &netdev {
             Some(n) => n.gid_table().into_iter().map(|e| e.gid).collect(),
             None => vec![Gid::link_local_from_mac(mac), Gid::from_ip(local.ip())],
         };
-        let mut engine = Engine::new(dp, max_mtu.bytes(), mac);
+        let mut engine = Engine::new(dp, max_mtu.bytes(), mac, clock);
         let capture = match (
             config.capture,
             config.pcap,
@@ -183,7 +189,6 @@ impl Device {
             local,
             ip_mtu: caps.ip_mtu,
             sleep_until: AtomicU64::new(0),
-            epoch: Instant::now(),
         });
         let thread = match poll {
             Some(poll) => {
@@ -231,20 +236,20 @@ impl Device {
     /// Device and QP counters, summed.
     pub fn counters(&self) -> Counters {
         let e = self.lock_engine();
-        let live: Vec<_> = e.qps.values().map(|s| s.qp.stats()).collect();
-        Counters::collect(&e.counters, live.iter().chain(e.retired.iter()))
+        let live: Vec<_> = e.ep.qps.values().map(|s| s.qp.stats()).collect();
+        Counters::collect(&e.ep.counters, live.iter().chain(e.ep.retired.iter()))
     }
 
     /// Device-level counters only.
     pub fn device_counters(&self) -> DeviceCounters {
-        self.lock_engine().counters
+        self.lock_engine().ep.counters
     }
 
     /// The last error the engine met that no call returned (a send to an unreachable
     /// network, a QP that entered the error state, a capture write failure), if any.
     pub fn last_error(&self) -> Option<String> {
         let e = self.lock_engine();
-        e.last_error
+        e.ep.last_error
             .clone()
             .or_else(|| e.capture.as_ref().and_then(|c| lock(&c.0).error.clone()))
     }
@@ -252,10 +257,10 @@ impl Device {
     /// The next asynchronous event (`ibv_get_async_event`), if any.
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
         let mut e = self.lock_engine();
-        if e.events.is_empty() {
+        if e.ep.events.is_empty() {
             None
         } else {
-            Some(e.events.remove(0))
+            Some(e.ep.events.remove(0))
         }
     }
 
@@ -265,6 +270,13 @@ impl Device {
         let defer = self.shared().progress == Progress::Manual;
         let r = self.lock_engine().progress(defer);
         r.received > 0 || r.sent > 0
+    }
+
+    /// The next time the device needs a progress pass without new input (a QP timer, a
+    /// delayed packet of a fault injector), on its [`crate::clock::Clock`]; `None` when
+    /// nothing is pending. For [`Progress::Manual`] devices driven on a virtual clock.
+    pub fn poll_timeout(&self) -> Option<clock::Instant> {
+        self.lock_engine().next_deadline()
     }
 
     /// Waits up to `timeout` for packets or a timer (whichever first), then makes progress.
@@ -281,12 +293,12 @@ impl Device {
             if e.tx_waiting() {
                 e.kick();
             }
-            (e.datapath().readiness_fd(), e.next_deadline())
+            let deadline = e.next_deadline().map(|d| clock::until(e.now(), d));
+            (e.datapath().readiness_fd(), deadline)
         };
-        let now = Instant::now();
         let mut wait = timeout;
         if let Some(d) = deadline {
-            wait = wait.min(d.saturating_duration_since(now));
+            wait = wait.min(d);
         }
         match fd {
             Some(fd) => {

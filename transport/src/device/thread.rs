@@ -24,7 +24,10 @@
 //! - the capture `Mutex` is taken by the engine per frame (under the engine lock) and by
 //!   `CaptureFile` methods (alone);
 //! - the `sim` network's `Mutex` is taken by its ports' `send`/`recv`, i.e. under the engine
-//!   lock, and by `SimNetwork` methods (alone).
+//!   lock, and by `SimNetwork` methods (alone);
+//! - a fault model's `Mutex` (`SharedFaults`, shared by the `sim` network's fault injectors) is
+//!   a leaf: taken under the engine lock while a batch is offered, and released before the
+//!   injector calls the datapath it wraps (so never held with the sim lock).
 //!
 //! The key table's per-slot locks (`roce_mr`) are leaves taken under the engine lock while a
 //! QP touches memory, and by MR reads/writes alone. No lock is held across a syscall that can
@@ -38,7 +41,8 @@
 //! plan and the doorbell decides:
 //!
 //! 1. the engine thread, still holding the engine lock after its pass, stores its planned
-//!    wake-up (nanoseconds since the device's epoch; `u64::MAX` for "no deadline", never 0)
+//!    wake-up (the deadline on the device's [`crate::clock::Clock`], in nanoseconds;
+//!    `u64::MAX` for "no deadline", never 0)
 //!    into `DeviceShared::sleep_until` with `Release`, releases the lock and sleeps in
 //!    `mio::Poll::poll` until then;
 //! 2. when it wakes it stores 0 ("awake, will run a pass") before looping;
@@ -55,9 +59,10 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{Device, DeviceShared};
+use crate::clock;
 use crate::engine::Engine;
 use crate::sys::lock;
 use crate::Progress;
@@ -71,16 +76,11 @@ impl Device {
         if s.progress != Progress::Thread {
             return;
         }
-        let due = e
-            .qps
-            .get(&qpn)
-            .and_then(|q| q.qp.poll_timeout())
-            .map(|t| e.to_std(t));
+        let due = e.ep.qps.get(&qpn).and_then(|q| q.qp.poll_timeout());
         drop(e);
         if let Some(due) = due {
             let planned = s.sleep_until.load(Ordering::Acquire);
-            let due_ns = due.saturating_duration_since(s.epoch).as_nanos() as u64;
-            if planned == 0 || due_ns < planned {
+            if planned == 0 || due.as_nanos() < planned {
                 s.wake();
             }
         }
@@ -105,18 +105,14 @@ pub(super) fn run_thread(s: &DeviceShared, mut poll: mio::Poll, has_fd: bool) {
             let mut e = lock(&s.engine);
             let r = e.progress(false);
             let d = e.next_deadline();
-            let planned = d.map_or(u64::MAX, |d| {
-                d.saturating_duration_since(s.epoch).as_nanos() as u64
-            });
+            let planned = d.map_or(u64::MAX, |d| d.as_nanos());
             s.sleep_until.store(planned.max(1), Ordering::Release);
-            (r, d)
+            (r, d.map(|d| clock::until(e.now(), d)))
         };
         if r.more_rx {
             continue;
         }
-        let now = Instant::now();
-        let mut timeout =
-            deadline.map_or(Duration::from_secs(1), |d| d.saturating_duration_since(now));
+        let mut timeout = deadline.unwrap_or(Duration::from_secs(1));
         if r.tx_blocked || !has_fd {
             timeout = timeout.min(Duration::from_micros(200));
         }

@@ -12,7 +12,7 @@ use super::cq::CompletionQueue;
 use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
 use crate::device::Device;
-use crate::engine::QpSlot;
+use crate::endpoint::QpSlot;
 use crate::error::VerbsError;
 
 impl ProtectionDomain {
@@ -40,7 +40,7 @@ impl ProtectionDomain {
             init.srq.as_ref().map(|s| s.inner.clone()),
         );
         qp.set_port_mtu(dev.shared().mtu);
-        dev.lock_engine().insert(QpSlot {
+        dev.lock_engine().ep.insert(QpSlot {
             qp,
             send_cq: init.send_cq.shared.clone(),
             recv_cq: init.recv_cq.shared.clone(),
@@ -159,10 +159,10 @@ impl QueuePair {
 
     fn with<R>(&self, f: impl FnOnce(&mut roce_qp::QueuePair) -> R) -> R {
         let mut e = self.dev().lock_engine();
-        let slot = e
-            .qps
-            .get_mut(&self.qpn.value())
-            .expect("INVARIANT: a QueuePair's slot lives until its drop");
+        let slot =
+            e.ep.qps
+                .get_mut(&self.qpn.value())
+                .expect("INVARIANT: a QueuePair's slot lives until its drop");
         f(&mut slot.qp)
     }
 
@@ -195,10 +195,10 @@ impl QueuePair {
             });
         }
         let mut e = self.dev().lock_engine();
-        let slot = e
-            .qps
-            .get_mut(&self.qpn.value())
-            .expect("INVARIANT: a QueuePair's slot lives until its drop");
+        let slot =
+            e.ep.qps
+                .get_mut(&self.qpn.value())
+                .expect("INVARIANT: a QueuePair's slot lives until its drop");
         slot.qp.modify(attr, mask)?;
         // Entering ERR flushes WRs into completions; send them on.
         self.dev().doorbell(e, self.qpn.value());
@@ -295,10 +295,10 @@ impl QueuePair {
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
         let mut e = self.dev().lock_engine();
         let now = e.now();
-        let slot = e
-            .qps
-            .get_mut(&self.qpn.value())
-            .expect("INVARIANT: a QueuePair's slot lives until its drop");
+        let slot =
+            e.ep.qps
+                .get_mut(&self.qpn.value())
+                .expect("INVARIANT: a QueuePair's slot lives until its drop");
         slot.qp.post_send(now, wr)?;
         self.dev().doorbell(e, self.qpn.value());
         Ok(())
@@ -315,10 +315,10 @@ impl QueuePair {
     ) -> Result<usize, (usize, PostError)> {
         let mut e = self.dev().lock_engine();
         let now = e.now();
-        let slot = e
-            .qps
-            .get_mut(&self.qpn.value())
-            .expect("INVARIANT: a QueuePair's slot lives until its drop");
+        let slot =
+            e.ep.qps
+                .get_mut(&self.qpn.value())
+                .expect("INVARIANT: a QueuePair's slot lives until its drop");
         let mut n = 0;
         let mut err = None;
         for wr in wrs {

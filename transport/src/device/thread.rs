@@ -42,9 +42,9 @@
 //!
 //! 1. the engine thread, still holding the engine lock after its pass, stores its planned
 //!    wake-up (the deadline on the device's [`crate::clock::Clock`], in nanoseconds;
-//!    `u64::MAX` for "no deadline", never 0)
-//!    into `DeviceShared::sleep_until` with `Release`, releases the lock and sleeps in
-//!    `mio::Poll::poll` until then;
+//!    `u64::MAX` for "no deadline", never 0) into `DeviceShared::sleep_until` with `Release`,
+//!    releases the lock and sleeps in `mio::Poll::poll` until then (a `mio::Waker` wake-up
+//!    sent before it reaches the poll is not lost: the waker stays readable);
 //! 2. when it wakes it stores 0 ("awake, will run a pass") before looping;
 //! 3. a doorbell, after queueing the WR and sending (under the engine lock), reads the QP's
 //!    new deadline, releases the lock and loads `sleep_until` (`Acquire`): if it is 0 the

@@ -11,7 +11,9 @@
 //!
 //! Held copies go out at the next `send` or `recv` call after they fall due;
 //! [`Datapath::next_wakeup`] tells the engine when that is. Buffers of held copies are reused,
-//! so a steady stream does not allocate.
+//! so a steady stream does not allocate. `send` always accepts the whole batch: when the
+//! wrapped datapath would block, due copies wait in the injector (unbounded: this is test
+//! middleware, not a queue discipline) and `next_wakeup` reports zero until they are out.
 //!
 //! Wrapping the `udp` backend gives deterministic loss over real sockets without root or
 //! nftables:
@@ -142,8 +144,8 @@ impl<D: Datapath> FaultInjector<D> {
     }
 
     /// Offers a datagram to the model and holds its copies.
-    fn offer(&mut self, now: Instant, models: &mut FaultModel, d: &TxDatagram<'_>) {
-        let verdict = models.offer(d.payload.len());
+    fn offer(&mut self, now: Instant, model: &mut FaultModel, d: &TxDatagram<'_>) {
+        let verdict = model.offer(d.payload.len());
         for copy in verdict.copies() {
             let mut data = self.spare.pop().unwrap_or_default();
             data.clear();

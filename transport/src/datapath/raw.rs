@@ -799,12 +799,15 @@ impl Datapath for RawDatapath {
         Some(self.sock.as_raw_fd())
     }
 
-    fn next_wakeup(&self) -> Option<Instant> {
+    fn next_wakeup(&self) -> Option<Duration> {
         if self.rx_next < self.rx_count {
             // Frames read but not delivered: the descriptor will not say so.
-            return Some(Instant::now());
+            return Some(Duration::ZERO);
         }
-        self.neighbours.next_deadline()
+        let now = Instant::now();
+        self.neighbours
+            .next_deadline()
+            .map(|t| t.saturating_duration_since(now))
     }
 }
 

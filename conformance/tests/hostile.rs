@@ -251,7 +251,6 @@ impl Legit {
         let (psn_a, psn_b) = (Psn::new(rng.random::<u32>()), Psn::new(rng.random::<u32>()));
         let opts = |psn| ConnectOptions {
             local_psn: psn,
-            timeout: 12,
             ..ConnectOptions::default()
         };
         a.qp.connect(

@@ -272,8 +272,25 @@ impl HostilePeer {
     /// # Errors
     /// The bind fails.
     pub fn bind(local_ip: Ipv4Addr, victim_ip: Ipv4Addr) -> io::Result<Self> {
-        let local = SocketAddrV4::new(local_ip, ROCEV2_PORT);
+        Self::bind_addr(SocketAddrV4::new(local_ip, ROCEV2_PORT), victim_ip)
+    }
+
+    /// Binds `local` (port 0: any free port) to talk to `victim_ip`:4791. The victim always
+    /// answers to port 4791, so a peer on another port only sends.
+    ///
+    /// # Errors
+    /// The bind fails.
+    pub fn bind_addr(local: SocketAddrV4, victim_ip: Ipv4Addr) -> io::Result<Self> {
         let sock = UdpSocket::bind(local)?;
+        let local = match sock.local_addr()? {
+            SocketAddr::V4(a) => a,
+            SocketAddr::V6(a) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("bound to IPv6 {a}"),
+                ))
+            }
+        };
         Ok(Self {
             sock,
             local,

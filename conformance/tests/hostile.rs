@@ -45,7 +45,7 @@ use roce_transport::{
     RecvWr, RemoteQp, SendOp, SendWr, WcStatus,
 };
 use roce_wire::aeth::Syndrome;
-use roce_wire::{deth, Gid, Msn, Opcode, Psn, QKey, Qpn, RKey};
+use roce_wire::{aeth, atomic_ack_eth, deth, Gid, Msn, Opcode, Psn, QKey, Qpn, RKey};
 
 /// Namespaces and veth: the one place this suite touches them (to move to the dev-only
 /// `testkit` crate with its skip policy).
@@ -1195,6 +1195,78 @@ fn psn_cases(lab: &mut Lab) {
     }
 }
 
+/// Responses nobody asked for (ACK, sequence NAK, fatal NAKs, RNR NAK, READ response, atomic
+/// ACK) to a QP that has sent nothing: silently dropped, the QP lives on.
+#[test]
+fn unsolicited_responses() {
+    with_lab_uncounted("unsolicited", unsolicited_cases);
+}
+
+/// [`unsolicited_responses`] with its counters. Fails today (issue 12 item 4): the victim
+/// counts the unsolicited NAKs in `rcvd_seq_err`, `rcvd_rnr_err` and `rcvd_fatal_nak` (rxe
+/// counts nothing: its completer drops them before `check_ack`), and each dropped response
+/// in both `rcvd_pkts` and `qp_drops`.
+#[test]
+#[ignore = "issue 12: waits for the item-4 counter fix: NAKs for PSNs never sent are counted as received NAKs"]
+fn unsolicited_responses_counted() {
+    with_lab("unsolicited-c", unsolicited_cases);
+}
+
+fn unsolicited_cases(lab: &mut Lab) {
+    let (base, rkey) = (lab.target.addr(), lab.target.rkey());
+    // Responses nobody asked for, to a QP that has sent nothing: rxe_rcv hands them to
+    // the completer (rxe_comp.c), which finds no send WQE and drops them before
+    // check_ack, so no received-NAK counter moves and the QP lives on.
+    lab.begin("unsolicited responses");
+    let mut h = lab.connect();
+    let before = lab.victim.counters();
+    let psn = Psn::new(rand::rng().random::<u32>() & 0xFF_FFFF);
+    let response = |opcode, syndrome: u8| {
+        let mut r = Request::new(opcode, h.qpn(), psn);
+        r.ext.aeth = Some(aeth::Repr {
+            syndrome: Syndrome::from_u8(syndrome),
+            msn: Msn::new(0),
+        });
+        r
+    };
+    let mut atomic_ack = response(Opcode::RcAtomicAcknowledge, ACK);
+    atomic_ack.ext.atomic_ack_eth = Some(atomic_ack_eth::Repr { orig: 42 });
+    let unsolicited = [
+        response(Opcode::RcAcknowledge, ACK),
+        response(Opcode::RcAcknowledge, NAK_SEQ),
+        response(Opcode::RcAcknowledge, NAK_INV),
+        response(Opcode::RcAcknowledge, NAK_ACC),
+        response(Opcode::RcAcknowledge, 0x20 | 12),
+        response(Opcode::RcRdmaReadResponseOnly, ACK).payload(vec![0xEE; 8]),
+        atomic_ack,
+    ];
+    for r in &unsolicited {
+        lab.send(r);
+    }
+    lab.silence("unsolicited responses");
+    let after = lab.victim.counters();
+    if lab.count {
+        assert_eq!(
+            (after.rcvd_seq_err, after.rcvd_rnr_err, after.rcvd_fatal_nak),
+            (
+                before.rcvd_seq_err,
+                before.rcvd_rnr_err,
+                before.rcvd_fatal_nak
+            ),
+            "{}: NAKs for PSNs never sent were counted as received NAKs",
+            lab.ctx()
+        );
+    }
+    assert_eq!(h.qp.state(), QpState::Rts, "{}", lab.ctx());
+    let req = write_only(&mut h, base, rkey, b"still ok");
+    lab.exchange(&req, &ack(h.peer_qpn, h.start, ACK, 1));
+    lab.end(Tally {
+        accepted: 1,
+        drop_psn: unsolicited.len() as u64,
+        ..Tally::default()
+    });
+}
+
 //= ibta-v1#9.7.5.1.2 (opcode sequence); rxe_resp.c check_op_seq, rxe_recv.c check_type_state
 #[test]
 fn opcode_sequences() {
@@ -1264,6 +1336,25 @@ fn opcode_sequences() {
                 Request::new(Opcode::RcSendFirst, h.qpn(), h.next()).payload(vec![0xEE; mtu]),
                 write_only(h, base, rkey, &[0xEE; 8]),
             ]
+        });
+
+        // A reserved RC opcode (0x15): rxe_opcode[] has no entry (mask 0), so rxe_rcv hands
+        // it to the completer as a non-request; with no send WQE outstanding the completer
+        // drops it. The QP lives on.
+        lab.begin("reserved opcode 0x15");
+        let mut h = lab.connect();
+        let reserved = Request::new(Opcode::from_u8(0x15), h.qpn(), h.start)
+            .ack_req()
+            .payload(vec![0; 8]);
+        lab.send(&reserved);
+        lab.silence("a reserved opcode");
+        let req = write_only(&mut h, base, rkey, b"still ok");
+        lab.exchange(&req, &ack(h.peer_qpn, h.start, ACK, 1));
+        assert_eq!(h.qp.state(), QpState::Rts);
+        lab.end(Tally {
+            accepted: 1,
+            drop_opcode: 1,
+            ..Tally::default()
         });
 
         // A UD opcode to an RC QP: rxe_recv.c check_type_state ("bad qp type") drops it; the
@@ -1405,6 +1496,46 @@ fn demultiplexing() {
         lab.silence("a request to a QP in INIT");
         lab.end(Tally {
             drop_state: 2,
+            ..Tally::default()
+        });
+
+        // The peer's address from another UDP source port: the source port is flow
+        // entropy, rxe does not look at it -> accepted (the answer goes to port 4791).
+        // Another source address (the legit peer's): rxe_recv.c check_addr, the source IP
+        // differs from the QP's destination -> dropped.
+        lab.begin("source port and source address");
+        let mut h = lab.connect();
+        let (hostile, legit, victim) = (
+            lab.topo.hostile_ip(),
+            lab.topo.legit_ip(),
+            lab.topo.victim_ip(),
+        );
+        let mut other_port = lab
+            .topo
+            .in_b(|| HostilePeer::bind_addr(std::net::SocketAddrV4::new(hostile, 0), victim))
+            .unwrap();
+        let mut other_addr = lab
+            .topo
+            .in_b(|| HostilePeer::bind_addr(std::net::SocketAddrV4::new(legit, 0), victim))
+            .unwrap();
+        let spoof = Request::new(Opcode::RcRdmaWriteOnly, h.qpn(), h.start)
+            .ack_req()
+            .reth(base, rkey, 8)
+            .payload(b"spoofed!".to_vec());
+        other_addr.send(&spoof).unwrap();
+        lab.silence("a request from another address");
+        let req = write_only(&mut h, base, rkey, b"new port");
+        other_port.send(&req).unwrap();
+        let got = lab.answer("a request from another source port");
+        assert_eq!(got, ack(h.peer_qpn, h.start, ACK, 1), "{}", lab.ctx());
+        let mut got = [0u8; 8];
+        lab.target.read(0, &mut got).unwrap();
+        assert_eq!(&got, b"new port");
+        // Those two datagrams did not go through `lab.peer`: count them in.
+        lab.sent_at_start -= 2;
+        lab.end(Tally {
+            accepted: 1,
+            drop_address: 1,
             ..Tally::default()
         });
 

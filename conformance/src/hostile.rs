@@ -206,6 +206,8 @@ pub struct Answer {
     pub msn: Option<Msn>,
     /// AtomicAckETH original value, for atomic acknowledgements.
     pub orig: Option<u64>,
+    /// RETH, for requests (when the victim is the requester).
+    pub reth: Option<reth::Repr>,
     /// Payload (READ responses).
     pub payload: Vec<u8>,
 }
@@ -232,6 +234,7 @@ impl Answer {
             syndrome: p.ext.aeth.map(|a| a.syndrome),
             msn: p.ext.aeth.map(|a| a.msn),
             orig: p.ext.atomic_ack_eth.map(|a| a.orig),
+            reth: p.ext.reth,
             payload: p.payload.to_vec(),
         })
     }
@@ -251,6 +254,15 @@ impl fmt::Display for Answer {
         }
         if let Some(o) = self.orig {
             write!(f, " orig={o:#x}")?;
+        }
+        if let Some(r) = self.reth {
+            write!(
+                f,
+                " RETH va={:#x} rkey={:#x} len={:#x}",
+                r.va,
+                r.rkey.value(),
+                r.dma_len
+            )?;
         }
         write!(f, " payload={}", self.payload.len())
     }

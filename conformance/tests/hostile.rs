@@ -17,7 +17,8 @@
 //! `check_rkey`, then `execute` and the atomic path), the drops of `rxe_recv.c` (`hdr_check`,
 //! `check_type_state`, `check_keys`, `check_addr`). Each case names the function that decides
 //! its answer. Silence is asserted with a probe: a request on another QP whose ACK must be the
-//! next datagram on the wire (the victim handles datagrams in arrival order).
+//! next datagram on the wire, with nothing else in the 30 ms after it (the victim handles
+//! datagrams in arrival order; one transmit pass may serve its QPs in any order).
 //!
 //! Meanwhile a legitimate RC QP pair between the victim and the second device does RDMA WRITEs
 //! both ways with the data checked, all the time; after every case it must still complete
@@ -27,7 +28,12 @@
 //! accepted by a QP + dropped by a QP).
 //!
 //! Cases where rocectl answers differently from rxe today assert rxe's answer and are
-//! `#[ignore]`d with the difference spelled out.
+//! `#[ignore]`d with the difference spelled out. Where the wire already matches rxe but the
+//! counters still count some datagrams twice, the test runs without the counter checks
+//! (`with_lab_uncounted`) and an `#[ignore]`d `…_counted` twin checks everything.
+//!
+//! The victim also plays requester once (`hostile_responder`): the hostile peer answers its
+//! READ with more data than asked for.
 //!
 //! Needs root (CI runs as root): without it the tests fail when `CI` is set and print a loud
 //! `SKIPPED:` line otherwise.

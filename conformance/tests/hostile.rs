@@ -16,7 +16,10 @@
 //! (`check_psn`, `check_op_seq`, `check_op_valid`, `check_resource`, `check_length`,
 //! `check_rkey`, then `execute` and the atomic path), the drops of `rxe_recv.c` (`hdr_check`,
 //! `check_type_state`, `check_keys`, `check_addr`). Each case names the function that decides
-//! its answer. Silence is asserted with a probe: a request on another QP whose ACK must be the
+//! its answer. The reference is the current rxe (Linux 6.x): its `check_length` is
+//! `rxe_resp_check_length`, which tests `pkt->mask`; older kernels tested `pkt->opcode`
+//! against the same mask bits there, so their payload-size and DMA-length checks never fired
+//! and `check_rkey` caught only some of those cases. Silence is asserted with a probe: a request on another QP whose ACK must be the
 //! next datagram on the wire, with nothing else in the 30 ms after it (the victim handles
 //! datagrams in arrival order; one transmit pass may serve its QPs in any order).
 //!

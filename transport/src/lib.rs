@@ -62,7 +62,6 @@ mod verbs;
 
 pub mod datapath;
 pub mod netdev;
-pub mod netns;
 pub mod selftest;
 
 pub use counters::{Counters, DeviceCounters};

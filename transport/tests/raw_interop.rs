@@ -12,9 +12,9 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use raw_util::{can_run, datagram, drain, open, payload, Got, WAIT};
+use roce_testkit::netns::{NetnsEnd, NetnsPair};
 use roce_transport::datapath::raw::{RawDatapath, RawOptions};
 use roce_transport::datapath::{Datapath, Ipv4Info, TxDatagram};
-use roce_transport::netns::{NetnsEnd, NetnsPair};
 use roce_wire::frame::{EthRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr, ROCEV2_PORT};
 use roce_wire::{icrc, samples, Caps, Frame, Opcode};
 

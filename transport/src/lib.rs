@@ -62,6 +62,7 @@ mod verbs;
 
 pub mod datapath;
 pub mod netdev;
+#[cfg(feature = "selftest")]
 pub mod selftest;
 
 pub use counters::{Counters, DeviceCounters};

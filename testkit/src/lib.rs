@@ -19,8 +19,8 @@
 //! - with `CI` set in the environment (CI runs as root on a kernel with every feature), it
 //!   **panics**, so the test fails;
 //! - otherwise it prints a banner with `SKIPPED: <test>: <reason>` on standard error and
-//!   the test returns early. Run `cargo test -- --nocapture` (or look at a failure's output)
-//!   to see the lines; `grep SKIPPED` finds them.
+//!   the test returns early. The banner is written past libtest's output capture, so a plain
+//!   `cargo test` shows it; `grep SKIPPED` finds it.
 //!
 //! An environment that could run the test but is set up wrong (root without the `ip`
 //! command) fails the test everywhere.

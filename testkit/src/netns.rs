@@ -494,6 +494,36 @@ impl Drop for TempNetns {
     }
 }
 
+/// Brings interface `name` up (`SIOCSIFFLAGS`) in the calling thread's namespace.
+///
+/// An ioctl in this thread rather than `ip link set lo up` in a child: with children spawned
+/// from many test threads at once, the UDP loopback tests failed now and then with
+/// `EADDRINUSE` on their first bind in a namespace that was provably fresh (a distinct
+/// `/proc/thread-self/ns/net`); the in-thread ioctl, which they always used, never did.
+fn set_up(name: &str) -> io::Result<()> {
+    let sock = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
+    #[allow(unsafe_code)]
+    // SAFETY: ifreq is plain C data; all zeroes is valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, &s) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
+        *d = s as libc::c_char;
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read the NUL-terminated name (the zeroed array is
+    // longer than `name`) and read/write the `ifru_flags` member of the live `req`.
+    unsafe {
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req as *mut libc::ifreq) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        if libc::ioctl(fd, libc::SIOCSIFFLAGS, &mut req as *mut libc::ifreq) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// Namespaces this process created and has not deleted yet (for [`delete_created`]).
 static LIVE: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
@@ -578,8 +608,8 @@ pub fn private_net() -> Net {
     static HOST_NAMESPACE: Mutex<()> = Mutex::new(());
     let err = match unshare(CloneFlags::CLONE_NEWNET) {
         // `ip` inherits the namespace of the thread that spawns it.
-        Ok(()) => match ip(&["link", "set", "dev", "lo", "up"]) {
-            Ok(_) => return Net::Private,
+        Ok(()) => match set_up("lo") {
+            Ok(()) => return Net::Private,
             Err(e) => e,
         },
         Err(e) => io::Error::from(e),
@@ -589,10 +619,10 @@ pub fn private_net() -> Net {
         !crate::in_ci(),
         "{test}: cannot use a private network namespace ({err}), and CI is set"
     );
-    eprintln!(
+    crate::skip::loud(&format!(
         "!!! {test}: cannot use a private network namespace ({err}); running in the host's \
-         namespace, where another program on 127.0.0.x:4791 will make this test fail"
-    );
+         namespace, where another program on 127.0.0.x:4791 will make this test fail\n"
+    ));
     Net::Host(
         HOST_NAMESPACE
             .lock()

@@ -260,3 +260,77 @@ pub fn run_bounded(
 ) -> Result<Output, SpawnError> {
     Ok(Proc::spawn(cmd, what, log_dir)?.wait(limit))
 }
+
+/// Whether process `pid` has a TCP socket listening on `port` in its network namespace
+/// (`/proc/PID/net/tcp` and `tcp6` show the namespace of that process, so this also works
+/// for a process inside another namespace, without entering it, and without connecting, which
+/// would take the single connection a test peer may accept).
+pub fn listening(pid: u32, port: u16) -> bool {
+    ["tcp", "tcp6"].iter().any(|table| {
+        fs::read_to_string(format!("/proc/{pid}/net/{table}"))
+            .is_ok_and(|text| listens_in_table(&text, port))
+    })
+}
+
+/// Waits (polling every 10 ms) until [`listening`]`(pid, port)`, at most `limit`; returns
+/// whether it happened. Use it to order a test's steps instead of sleeping.
+pub fn wait_listening(pid: u32, port: u16, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if listening(pid, port) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        sleep(Duration::from_millis(10));
+    }
+}
+
+/// `/proc/net/tcp` lines: `sl local_address rem_address st ...`, with `local_address` as
+/// `HEXIP:HEXPORT` and state `0A` for LISTEN.
+fn listens_in_table(text: &str, port: u16) -> bool {
+    text.lines().skip(1).any(|line| {
+        let mut fields = line.split_whitespace().skip(1);
+        let (Some(local), Some(_remote), Some(state)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            return false;
+        };
+        let local_port = local
+            .rsplit_once(':')
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+        state == "0A" && local_port == Some(port)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use super::*;
+
+    #[test]
+    fn parses_the_kernel_table() {
+        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   \
+             0: 00000000:4853 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0\n   \
+             1: 0100007F:9C40 0100007F:4853 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0 20 4 30 10 -1\n";
+        assert!(listens_in_table(text, 18_515));
+        // 0x9C40 = 40000 is a connected socket, not a listener.
+        assert!(!listens_in_table(text, 40_000));
+        assert!(!listens_in_table(text, 1));
+    }
+
+    #[test]
+    fn sees_our_own_listener() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert!(wait_listening(
+            std::process::id(),
+            port,
+            Duration::from_secs(5)
+        ));
+        drop(l);
+        assert!(!listening(std::process::id(), port));
+    }
+}

@@ -28,7 +28,8 @@ pub fn current_test() -> String {
 
 /// Reports that `test` cannot run here because of `reason`; the caller then returns.
 ///
-/// Prints a banner holding `SKIPPED: <test>: <reason>` to standard error.
+/// Prints a banner holding `SKIPPED: <test>: <reason>` to standard error, past libtest's
+/// output capture, so it shows in a plain `cargo test` run.
 ///
 /// # Panics
 /// When [`in_ci`]: a test that cannot run in CI is a failure there, never a pass.
@@ -38,7 +39,15 @@ pub fn skip(test: &str, reason: impl Display) {
         panic!("{test} cannot run, and CI is set so it may not be skipped: {reason}");
     }
     let line = "*".repeat(72);
-    eprintln!("\n{line}\nSKIPPED: {test}: {reason}\n{line}");
+    loud(&format!("\n{line}\nSKIPPED: {test}: {reason}\n{line}\n"));
+}
+
+/// Writes `text` to the process's standard error directly, not through `eprint!`, which
+/// libtest captures and shows only for failing tests: a skipped test passes, and its line
+/// must be seen anyway.
+pub(crate) fn loud(text: &str) {
+    use std::io::Write as _;
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }
 
 /// `true` when the process is root; otherwise [`skip`]s `test` (so panics in CI) with a

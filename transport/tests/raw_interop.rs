@@ -247,7 +247,7 @@ fn gso_to_raw(tag: &str, v6: bool, segment_first: bool) {
         set_pmtudisc_do(&sock);
     }
     if let Err(e) = set_udp_segment(&sock, 1000) {
-        eprintln!("SKIPPED {tag}: this kernel has no UDP GSO: {e}");
+        roce_testkit::skip(tag, format!("this kernel has no UDP GSO: {e}"));
         return;
     }
     let p = payload(7, 3500);

@@ -56,13 +56,12 @@ use roce_transport::{
 use roce_wire::aeth::Syndrome;
 use roce_wire::{aeth, atomic_ack_eth, deth, Gid, Msn, Opcode, Psn, QKey, Qpn, RKey};
 
-/// Namespaces and veth: the one place this suite touches them (to move to the dev-only
-/// `testkit` crate with its skip policy).
+/// Namespaces and veth: the one place this suite touches them (`roce-testkit`, with its skip
+/// policy).
 mod topology {
-    use std::io::Write;
     use std::net::Ipv4Addr;
 
-    use roce_transport::netns::{netns_available, NetnsPair};
+    use roce_testkit::netns::{netns_or_skip, NetnsPair};
 
     /// Two namespaces joined by a veth pair, with a second address on B for the hostile peer.
     pub(crate) struct Topology {
@@ -70,20 +69,10 @@ mod topology {
         hostile: Ipv4Addr,
     }
 
-    /// Makes the topology, or says loudly why it cannot (`None`). Fails the test instead when
-    /// `CI` is set: CI runs as root, so a skip there would hide a broken environment.
+    /// Makes the topology, or says loudly why it cannot (`None`); fails the test instead when
+    /// `CI` is set (CI runs as root, so a skip there would hide a broken environment).
     pub(crate) fn create(test: &str) -> Option<Topology> {
-        if let Err(why) = netns_available() {
-            if std::env::var_os("CI").is_some() {
-                panic!("{test} cannot run in CI: {why}");
-            }
-            // Straight to the process's standard error: the test harness captures
-            // `eprintln!` of passing tests, and this line must be seen.
-            let _ = writeln!(
-                std::io::stderr().lock(),
-                "\n{bar}\nSKIPPED: {test}: {why}\n{bar}",
-                bar = "*".repeat(62)
-            );
+        if !netns_or_skip(test) {
             return None;
         }
         let pair = NetnsPair::create(test).expect("create namespaces");

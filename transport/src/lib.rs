@@ -69,7 +69,7 @@ mod verbs;
 
 pub mod datapath;
 pub mod netdev;
-pub mod netns;
+#[cfg(feature = "selftest")]
 pub mod selftest;
 
 pub use capture::CaptureFile;

@@ -8,9 +8,9 @@ use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use raw_util::{can_run, datagram, drain, open, transfer};
+use roce_testkit::netns::{NetnsEnd, NetnsPair};
 use roce_transport::datapath::raw::{RawDatapath, RawError, RawOptions};
 use roce_transport::datapath::Datapath;
-use roce_transport::netns::{NetnsEnd, NetnsPair};
 
 fn try_open(end: &NetnsEnd, ifname: &str, ip: IpAddr) -> Result<RawDatapath, RawError> {
     end.netns()

@@ -39,8 +39,8 @@
 //!
 //! Everything about the interface (its index, MAC, addresses, MTU, the kernel's neighbour
 //! table) is read in the network namespace of the thread that calls [`RawDatapath::open`],
-//! and the sockets stay in it: open the backend inside
-//! [`Netns::enter_scoped`](crate::netns::Netns::enter_scoped) to use an interface of another
+//! and the sockets stay in it: open the backend on a thread inside the other namespace (the
+//! tests use `roce_testkit::netns::Netns::enter_scoped`) to use an interface of that
 //! namespace.
 
 use std::fmt;

@@ -65,6 +65,13 @@ impl Capture {
         self.file.flush()
     }
 
+    /// Flushes and stops: frames after this are not written, so the file ends on a whole
+    /// record even if the process exits right after.
+    pub(crate) fn close(&mut self) -> io::Result<()> {
+        self.writer = None;
+        self.flush()
+    }
+
     /// The file.
     pub(crate) fn path(&self) -> &Path {
         &self.path

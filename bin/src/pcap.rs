@@ -5,7 +5,7 @@
 //!   verified, its transport packet parsed, and the parsed representation re-emitted and compared
 //!   byte for byte with the capture (up to the end of the IP packet: an Ethernet trailer is not
 //!   part of the frame). It prints per-file and overall per-opcode counts, one line per failing
-//!   frame and closes with `N passed, N failed`.
+//!   frame and closes with `N passed, N failed`. A file without a single RoCEv2 frame fails.
 //! - `dump FILE` prints one tcpdump-style line per frame.
 //!
 //! Both read gzip-compressed captures (`.pcap.gz`, recognised by their magic number), and a
@@ -384,11 +384,12 @@ impl Tally {
 
 /// `rocectl pcap check`: prints failing frames as they are found, then per-file and overall
 /// counts, and closes with `N passed, N failed`. Unreadable files are reported on stderr and
-/// the others still checked. The exit status fails if a frame failed, a file could not be read,
-/// or frames were on a link type that could not be examined.
+/// the others still checked. The exit status fails if a frame failed, a file could not be read
+/// or held no RoCEv2 frame at all, or frames were on a link type that could not be examined.
 fn check(files: &[PathBuf], out: &mut impl Write) -> Result<ExitCode> {
     let mut total = Tally::default();
     let mut unreadable = 0;
+    let mut empty = 0;
     for path in files {
         let Capture {
             frames, truncated, ..
@@ -442,6 +443,17 @@ fn check(files: &[PathBuf], out: &mut impl Write) -> Result<ExitCode> {
                 tally.unsupported
             );
         }
+        if tally.passed + tally.failed == 0 {
+            // Nothing was checked: a capture of the wrong traffic must not pass.
+            out.flush()?;
+            eprintln!(
+                "rocectl: error: {}: no RoCEv2 frame (UDP to port {ROCEV2_PORT}) among its {} \
+                 frames",
+                path.display(),
+                tally.frames
+            );
+            empty += 1;
+        }
         total.merge(&tally);
     }
     if files.len() > 1 {
@@ -453,7 +465,7 @@ fn check(files: &[PathBuf], out: &mut impl Write) -> Result<ExitCode> {
         total.write(out)?;
     }
     writeln!(out, "{} passed, {} failed", total.passed, total.failed)?;
-    let ok = total.failed == 0 && unreadable == 0 && total.unsupported == 0;
+    let ok = total.failed == 0 && unreadable == 0 && empty == 0 && total.unsupported == 0;
     Ok(if ok {
         ExitCode::SUCCESS
     } else {

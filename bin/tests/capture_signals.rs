@@ -325,3 +325,78 @@ fn perftest_server_capturing_to_rocectl_pcap_killed_with_sigint_leaves_a_whole_c
     assert_capture_whole(&path, test);
     let _ = std::fs::remove_file(&path);
 }
+
+/// A classic pcap (Ethernet, little endian, microseconds) of `frames`, written by hand.
+fn write_pcap(path: &Path, frames: &[Vec<u8>]) {
+    let mut b = Vec::new();
+    b.extend_from_slice(&0xA1B2_C3D4u32.to_le_bytes());
+    b.extend_from_slice(&2u16.to_le_bytes());
+    b.extend_from_slice(&4u16.to_le_bytes());
+    b.extend_from_slice(&[0; 8]);
+    b.extend_from_slice(&65_535u32.to_le_bytes());
+    b.extend_from_slice(&1u32.to_le_bytes());
+    for f in frames {
+        b.extend_from_slice(&[0; 8]);
+        let len = u32::try_from(f.len()).unwrap().to_le_bytes();
+        b.extend_from_slice(&len);
+        b.extend_from_slice(&len);
+        b.extend_from_slice(f);
+    }
+    std::fs::write(path, b).unwrap();
+}
+
+/// An Ethernet/IPv4/UDP frame to `port` with `payload` (checksums zero: not looked at).
+fn udp_frame(port: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x08, 0x00];
+    let total = u16::try_from(20 + 8 + payload.len()).unwrap();
+    f.extend_from_slice(&[0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0]);
+    f[16..18].copy_from_slice(&total.to_be_bytes());
+    f.extend_from_slice(&[10, 0, 0, 1, 10, 0, 0, 2]);
+    f.extend_from_slice(&5_000u16.to_be_bytes());
+    f.extend_from_slice(&port.to_be_bytes());
+    f.extend_from_slice(&u16::try_from(8 + payload.len()).unwrap().to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(payload);
+    f
+}
+
+#[test]
+fn check_fails_a_capture_without_a_rocev2_frame() {
+    let dns = tmp("no-roce.pcap");
+    write_pcap(&dns, &[udp_frame(53, b"query"), udp_frame(4_792, &[0; 40])]);
+    let empty = tmp("empty.pcap");
+    write_pcap(&empty, &[]);
+    for path in [&dns, &empty] {
+        let out = rocectl(&["pcap", "check"], &[path]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}{stderr}", text(&out.stdout));
+        let frames = if path == &dns { 2 } else { 0 };
+        assert_eq!(
+            stderr,
+            format!(
+                "rocectl: error: {}: no RoCEv2 frame (UDP to port 4791) among its {frames} \
+                 frames\n",
+                path.display()
+            )
+        );
+    }
+    // With a good capture beside it, the run still fails, and the good one is still checked.
+    let (good, _) = sample("beside-no-roce.pcap");
+    let out = rocectl(&["pcap", "check"], &[&good, &dns]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).contains(&format!("{}: ", good.display())));
+    // One RoCEv2 frame among others is enough.
+    let (_, sample_bytes) = sample("one-roce.pcap");
+    let first = record_starts(&sample_bytes)[0];
+    let incl = u32::from_le_bytes(sample_bytes[first + 8..first + 12].try_into().unwrap());
+    let roce = sample_bytes[first + 16..first + 16 + incl as usize].to_vec();
+    let mixed = tmp("mixed.pcap");
+    write_pcap(&mixed, &[udp_frame(53, b"query"), roce]);
+    let out = rocectl(&["pcap", "check"], &[&mixed]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}

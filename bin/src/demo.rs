@@ -49,6 +49,10 @@ pub(crate) struct DemoArgs {
 
 /// Runs the demo.
 pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
+    // Sizes first: nothing is allocated or opened before they are known to fit.
+    for &size in &args.sizes {
+        crate::limits::check_size("--sizes", size as u64, 0)?;
+    }
     let capture = match &args.pcap {
         Some(p) => {
             let c = CaptureFile::create(p).with_context(|| format!("creating {}", p.display()))?;

@@ -24,6 +24,7 @@ use oob::perftest::Tool;
 mod demo;
 mod device;
 mod devinfo;
+mod limits;
 mod oob;
 mod pcap;
 mod perftest;

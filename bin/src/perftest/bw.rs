@@ -101,7 +101,7 @@ fn client_iter(s: &Session, cfg: &Config, size: u64) -> anyhow::Result<BwResult>
     let depth = cfg.tx_depth;
     let cq_mod = cfg.cq_mod as usize;
     // Every array the loop writes is allocated here.
-    let mut posted = vec![0u64; n];
+    let mut posted = crate::limits::timestamps(n)?;
     let mut completed: Vec<(usize, u64)> = Vec::with_capacity(n / cq_mod + 2);
     let mut wc = [Completion::EMPTY; POLL_BATCH];
     let (mut scnt, mut ccnt) = (0usize, 0usize);

@@ -41,6 +41,7 @@ use clap::Args;
 use roce_transport::{Mtu, QpType};
 
 use crate::device::BackendKind;
+use crate::limits;
 
 /// Which of the four tools.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -310,14 +311,22 @@ fn run(opts: Options) -> anyhow::Result<ExitCode> {
     if opts.common.rx_depth == 0 {
         bail!("-r 0: at least one receive must be posted");
     }
+    // Sizes and counts first: nothing is allocated or opened before they are known to fit.
+    limits::check_depth("-r", opts.common.rx_depth as u64)?;
+    limits::check_size("-s", opts.size as u64, 0)?;
+    limits::check_count(
+        "-n",
+        opts.common.iters,
+        0,
+        u64::from(u32::MAX),
+        "the stock tools' iteration count is 32 bits",
+    )?;
     for (name, secs) in [
         ("--oob-timeout", Some(opts.common.oob_timeout)),
         ("--timeout", opts.common.timeout),
     ] {
         if let Some(s) = secs {
-            if !(s.is_finite() && s > 0.0) {
-                bail!("{name} {s}: expected a positive number of seconds");
-            }
+            limits::check_secs(name, s)?;
         }
     }
     session::run(&opts)

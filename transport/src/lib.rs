@@ -63,6 +63,7 @@ mod verbs;
 pub mod datapath;
 pub mod netdev;
 pub mod netns;
+pub mod portowner;
 pub mod selftest;
 
 pub use counters::{Counters, DeviceCounters};

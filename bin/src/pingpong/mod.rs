@@ -26,7 +26,8 @@
 //! (`-o` on-demand paging, `-O`, `-P`, `-t` timestamps, `-j` device memory) are refused with
 //! the message the stock tools print on rxe; a path MTU above the device's active MTU is
 //! refused up front; a failed completion is followed by `rocectl: hint:` lines naming the
-//! likely cause (an MTU mismatch, a silent peer); `--chk` failures (`invalid data in page N`)
+//! likely cause (a silent peer; an MTU mismatch only when the message sizes make one possible);
+//! `--chk` failures (`invalid data in page N`)
 //! make the exit status 1, and `--chk` also checks the echoed data on the client;
 //! `--timeout` bounds the waits the stock tools make for ever.
 

@@ -547,6 +547,7 @@ fn explain(res: &Resources, opts: &Options, status: Option<WcStatus>, peer: &str
         status,
         stats: &stats,
         mtu: opts.mtu,
+        size: opts.size,
         peer,
     };
     for hint in hints(&failure) {

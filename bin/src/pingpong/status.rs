@@ -139,11 +139,23 @@ pub(crate) fn hints(f: &Failure<'_>) -> Vec<String> {
         )),
         Some(WcStatus::RnrRetryExcErr) => out
             .push("the peer had no receive posted for too long (RNR retries exhausted)".to_owned()),
-        None if silent => out.push(format!(
-            "nothing ever came from the peer at {} over RoCE: is it reachable over UDP 4791 \
-             (firewall?), and does its GID match its address?{check_mtu}",
-            f.peer
-        )),
+        None if silent => {
+            // UD: a message is one packet, dropped by a receiver whose port MTU is smaller.
+            let ud_mtu = if f.mtu.is_none() && f.size > Mtu::Mtu256.bytes() {
+                format!(
+                    "; a UD message is one packet: a peer whose port MTU is below {} bytes drops \
+                     ours",
+                    f.size
+                )
+            } else {
+                String::new()
+            };
+            out.push(format!(
+                "nothing ever came from the peer at {} over RoCE: is it reachable over UDP 4791 \
+                 (firewall?), and does its GID match its address?{check_mtu}{ud_mtu}",
+                f.peer
+            ));
+        }
         _ => {}
     }
     out
@@ -253,5 +265,16 @@ mod tests {
         assert!(!small[0].contains("MTU"), "{small:?}");
         let big = failure(None, &stats, Some(Mtu::Mtu1024), 100_000);
         assert!(big[0].contains("path MTU mismatch"), "{big:?}");
+        // UD: one packet per message, so the peer's port MTU matters above 256 bytes only.
+        let ud = failure(None, &stats, None, 2048);
+        assert!(
+            ud[0].ends_with(
+                "; a UD message is one packet: a peer whose port MTU is below 2048 bytes drops \
+                 ours"
+            ),
+            "{ud:?}"
+        );
+        let ud = failure(None, &stats, None, 200);
+        assert!(!ud[0].contains("MTU"), "{ud:?}");
     }
 }

@@ -51,6 +51,20 @@ impl CaptureFile {
         c.flush()
     }
 
+    /// Flushes buffered frames and stops the capture: frames sent or received later are not
+    /// written, so the file ends on a whole record even if the process exits at once (what a
+    /// SIGINT/SIGTERM handler calls before exiting).
+    ///
+    /// # Errors
+    /// The write error, including one that stopped the capture earlier.
+    pub fn close(&self) -> io::Result<()> {
+        let mut c = lock(&self.0);
+        if let Some(e) = &c.error {
+            return Err(io::Error::other(e.clone()));
+        }
+        c.close()
+    }
+
     /// The file.
     pub fn path(&self) -> PathBuf {
         lock(&self.0).path().to_path_buf()
@@ -106,6 +120,13 @@ impl Capture {
     /// Flushes buffered frames to the file.
     pub(crate) fn flush(&mut self) -> io::Result<()> {
         self.file.flush()
+    }
+
+    /// Flushes and stops: frames after this are not written, so the file ends on a whole
+    /// record even if the process exits right after.
+    pub(crate) fn close(&mut self) -> io::Result<()> {
+        self.writer = None;
+        self.flush()
     }
 
     /// The file.

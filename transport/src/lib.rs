@@ -69,6 +69,7 @@ mod verbs;
 
 pub mod datapath;
 pub mod netdev;
+pub mod portowner;
 #[cfg(feature = "selftest")]
 pub mod selftest;
 

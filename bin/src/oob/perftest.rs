@@ -348,6 +348,8 @@ pub(crate) struct PerftestConn {
     role: Role,
     timeout: Timeout,
     remote_version: Option<f64>,
+    /// When a server last wrote its half of an exchange: the moment it let the client go.
+    released_at: Option<std::time::Instant>,
 }
 
 impl PerftestConn {
@@ -380,6 +382,7 @@ impl PerftestConn {
             role,
             timeout,
             remote_version: None,
+            released_at: None,
         }
     }
 
@@ -416,9 +419,18 @@ impl PerftestConn {
             }
             Role::Server => {
                 read_exact(&mut self.stream, theirs, self.timeout, step)?;
+                // The client goes on as soon as it reads this: a server's timer that starts
+                // here covers the client's whole transfer, however late the server polls.
+                self.released_at = Some(std::time::Instant::now());
                 write_msg(&mut self.stream, mine, self.timeout, step)
             }
         }
+    }
+
+    /// When this server last let the client go (wrote its half of an exchange); `None` for a
+    /// client or before any exchange.
+    pub(crate) fn released_at(&self) -> Option<std::time::Instant> {
+        self.released_at
     }
 
     /// Versions: 16 bytes each way. Returns the peer's version string.

@@ -162,13 +162,15 @@ fn send_server(s: &mut Session, cfg: &Config) -> anyhow::Result<()> {
     for (k, &size) in sizes.iter().enumerate() {
         // The receives go up before the barrier that lets the client start.
         let first = s.post_recvs(cfg.rx_depth as u64, size)?;
+        let before = Instant::now();
         if !s.next_traffic()? {
             bail!("the exchange plan has no traffic step for size {size}");
         }
-        // The client may start now: the timer starts here, not at the first completion (a
-        // server that polls late would find the whole transfer queued and time only the
-        // draining of its CQ: UD showed 222,552 MB/s).
-        let start = Instant::now();
+        // The timer starts when the client was let go (our half of the barrier), not at the
+        // first completion nor when the barrier returns: a server that polls late would find
+        // the transfer queued and time only the draining of its CQ (UD showed 222,552 MB/s),
+        // and on a loaded host the client can finish before the barrier call returns here.
+        let start = s.released_at().filter(|&t| t >= before).unwrap_or(before);
         if k == 0 {
             header(cfg);
         }

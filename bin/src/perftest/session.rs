@@ -267,6 +267,12 @@ impl Session {
     ///
     /// # Errors
     /// The exchange's.
+    /// When this server last let the client go in the exchange (see
+    /// [`PerftestConn::released_at`]).
+    pub(crate) fn released_at(&self) -> Option<Instant> {
+        self.conn.as_ref().and_then(PerftestConn::released_at)
+    }
+
     pub(crate) fn next_traffic(&mut self) -> anyhow::Result<bool> {
         let mine = self.mine;
         let conn = self.conn.as_mut().context("exchange already closed")?;

@@ -57,6 +57,7 @@ mod counters;
 mod device;
 mod engine;
 mod error;
+mod ids;
 mod sys;
 mod verbs;
 

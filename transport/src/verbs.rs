@@ -2,6 +2,7 @@
 //! queues and queue pairs. All are `Send + Sync` and cheap to share; each keeps its device
 //! open, and each is destroyed when dropped (`ibv_dereg_mr`, `ibv_destroy_qp`...).
 
+use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -113,7 +114,12 @@ impl ProtectionDomain {
                 return Err(VerbsError::WrongDevice("SRQ of another device"));
             }
         }
-        let qpn = dev.alloc_qpn();
+        let qpn = dev.alloc_qpn().ok_or_else(|| {
+            VerbsError::Io(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                "every QPN is in use",
+            ))
+        })?;
         let mem = Mem::new(dev.shared().table.clone(), self.inner.pd);
         let mut qp = roce_qp::QueuePair::new(
             Qpn::new(qpn),
@@ -745,6 +751,7 @@ impl Drop for QueuePair {
     fn drop(&mut self) {
         let mut e = self.dev().lock_engine();
         e.remove(self.qpn.value());
+        self.dev().free_qpn(self.qpn.value());
         // Packets already built (a deferred final ACK) still go out: the peer is waiting.
         if e.tx_waiting() {
             e.kick();

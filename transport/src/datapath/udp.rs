@@ -32,6 +32,12 @@
 //!   `IPV6_TCLASS` (`IP_TTL` / `IPV6_HOPLIMIT`) control message. Received TOS / traffic class
 //!   (and so ECN CE) come from `IP_RECVTOS` / `IPV6_RECVTCLASS`. The IPv6 flow label is left
 //!   to the kernel (the ICRC masks it).
+//! - **IPv6 zero UDP checksums accepted** (`UDP_NO_CHECK6_RX`): rdma_rxe sends IPv6 UDP with
+//!   checksum 0 (as it does IPv4), which plain IPv6 UDP forbids, so the kernel would drop
+//!   every rxe packet before our socket. The ICRC covers the whole packet, so nothing is lost.
+//!   We still *send* a real checksum (the kernel's default; offloaded, and every receiver
+//!   accepts it, including rxe, whose tunnel socket takes both), so middleboxes that insist on
+//!   IPv6 UDP checksums pass our traffic. `tests/udp_ipv6_checksum.rs` checks both directions.
 //! - **No `IP_RECVERR`**: on an unconnected socket ICMP errors are then not reported at all
 //!   (with it, they would come back as errors of later sends and receives); an unreachable
 //!   peer shows up as RC retries running out, like on a NIC.
@@ -305,6 +311,11 @@ impl UdpDatapath {
             .map_err(io_err("set IPV6_MTU_DISCOVER"))?;
             setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1)
                 .map_err(io_err("set IPV6_DONTFRAG"))?;
+            // rdma_rxe (and RoCE NICs) send IPv6 UDP with checksum 0; without this the kernel
+            // drops those datagrams before the socket (Udp6InCsumErrors). The ICRC protects
+            // the packet instead.
+            setsockopt_int(fd, libc::SOL_UDP, libc::UDP_NO_CHECK6_RX, 1)
+                .map_err(io_err("set UDP_NO_CHECK6_RX"))?;
             socket
                 .set_recv_tclass_v6(true)
                 .map_err(io_err("set IPV6_RECVTCLASS"))?;

@@ -541,14 +541,17 @@ impl Device {
 
     /// Device and QP counters, summed.
     pub fn counters(&self) -> Counters {
-        let e = self.lock_engine();
+        let mut e = self.lock_engine();
+        e.refresh_rx_drops();
         let live: Vec<_> = e.qps.values().map(|s| s.qp.stats()).collect();
         Counters::collect(&e.counters, live.iter().chain(e.retired.iter()))
     }
 
     /// Device-level counters only.
     pub fn device_counters(&self) -> DeviceCounters {
-        self.lock_engine().counters
+        let mut e = self.lock_engine();
+        e.refresh_rx_drops();
+        e.counters
     }
 
     /// The last error the engine met that no call returned (a send to an unreachable

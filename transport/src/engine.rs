@@ -31,7 +31,7 @@ use roce_wire::icrc::{Icrc, Ipv4IdentSolver, ICRC_LEN};
 use roce_wire::{Gid, PacketRepr, Qpn};
 
 use crate::counters::DeviceCounters;
-use crate::datapath::{Datapath, DatapathCaps, RxMeta, TxDatagram};
+use crate::datapath::{Datapath, DatapathCaps, RxDrops, RxMeta, TxDatagram};
 use crate::device::{lock, CaptureFile};
 use crate::verbs::{AsyncEvent, CqShared};
 
@@ -106,6 +106,8 @@ pub(crate) struct Engine {
     scratch: Box<[u8]>,
     pub(crate) capture: Option<CaptureFile>,
     pub(crate) counters: DeviceCounters,
+    /// The datapath's receive drops already folded into `counters`.
+    rx_drops_seen: RxDrops,
     pub(crate) events: Vec<AsyncEvent>,
     pub(crate) last_error: Option<String>,
     /// Statistics of destroyed QPs (device counters keep counting them).
@@ -150,6 +152,7 @@ impl Engine {
             scratch: vec![0u8; MAX_HEADERS + tx_room.max(rx_data)].into_boxed_slice(),
             capture: None,
             counters: DeviceCounters::default(),
+            rx_drops_seen: RxDrops::default(),
             events: Vec::new(),
             last_error: None,
             retired: Vec::new(),
@@ -169,6 +172,19 @@ impl Engine {
     /// The wall-clock time of an engine instant.
     pub(crate) fn to_std(&self, t: QpInstant) -> std::time::Instant {
         self.origin + std::time::Duration::from_nanos(t.as_nanos())
+    }
+
+    /// Folds the datapath's unseen receive drops into the counters (call before reading them;
+    /// may make a system call): kernel drops into `rx_drop_kernel`, datagrams too large for
+    /// the receive buffer into `rx_packets` and `rx_drop_malformed`.
+    pub(crate) fn refresh_rx_drops(&mut self) {
+        let now = self.dp.rx_drops();
+        let seen = self.rx_drops_seen;
+        let truncated = now.truncated.saturating_sub(seen.truncated);
+        self.counters.rx_packets += truncated;
+        self.counters.rx_drop_malformed += truncated;
+        self.counters.rx_drop_kernel += now.kernel.saturating_sub(seen.kernel);
+        self.rx_drops_seen = now;
     }
 
     /// Adds a QP.
@@ -282,6 +298,11 @@ impl Engine {
             for i in 0..n {
                 let meta = self.rx_meta[i];
                 let stride = meta.stride.max(1);
+                if meta.len == 0 {
+                    // An empty datagram is still a datagram: counted (malformed), not lost.
+                    self.handle_datagram(now, i, 0, 0, &meta);
+                    result.received += 1;
+                }
                 let mut off = 0;
                 while off < meta.len {
                     let seg = stride.min(meta.len - off);
@@ -339,7 +360,9 @@ impl Engine {
         let ip_off = base - hdr_len + 14;
         frame.emit_headers(len, &mut self.rx_slots[base - hdr_len..base]);
         let ip_packet_end = base + len;
-        let ok = if len < roce_wire::bth::HEADER_LEN + ICRC_LEN {
+        // Too short for BTH + ICRC: malformed, not an ICRC error (there is no ICRC to check).
+        let short = len < roce_wire::bth::HEADER_LEN + ICRC_LEN;
+        let ok = if short {
             false
         } else if matches!(frame.ip, IpRepr::V4(_)) && m.ipv4.is_none() {
             // A UDP socket: solve for the hidden Identification and DF.
@@ -362,6 +385,10 @@ impl Engine {
         if let Some(cap) = &self.capture {
             lock(&cap.0).write(&self.rx_slots[base - hdr_len..ip_packet_end]);
         }
+        if short {
+            self.counters.rx_drop_malformed += 1;
+            return;
+        }
         if !ok {
             self.counters.rx_icrc_errors += 1;
             return;
@@ -375,6 +402,7 @@ impl Engine {
             self.counters.rx_drop_no_qp += 1;
             return;
         };
+        self.counters.rx_delivered += 1;
         let mut grh = [0u8; 40];
         match frame.ip {
             IpRepr::V4(_) => grh[20..].copy_from_slice(&self.rx_slots[ip_off..ip_off + 20]),

@@ -111,6 +111,17 @@ impl RxMeta {
     }
 }
 
+/// Datagrams a backend lost on receive before handing them over, counted since it opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RxDrops {
+    /// Dropped by the kernel for our socket instead of being queued (receive buffer full; for
+    /// `udp` also a bad UDP checksum): `udp` reads the socket's `sk_drops`.
+    pub kernel: u64,
+    /// Received but larger than the receive buffer (`MSG_TRUNC`) and discarded: no valid
+    /// RoCEv2 packet is that large.
+    pub truncated: u64,
+}
+
 /// What a backend can do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DatapathCaps {
@@ -156,6 +167,13 @@ pub trait Datapath: Send + fmt::Debug {
     /// A descriptor that becomes readable when [`Datapath::recv`] may return data (register it
     /// with mio/epoll). `None`: the caller must poll.
     fn readiness_fd(&self) -> Option<RawFd>;
+
+    /// Receive-side losses the engine never saw, for the device counters (a backend that
+    /// loses nothing unseen keeps the default: none). May make a system call: call it when
+    /// counters are read, not per packet.
+    fn rx_drops(&mut self) -> RxDrops {
+        RxDrops::default()
+    }
 
     /// A time at which the backend will have data without the descriptor becoming readable
     /// (a simulated link's delayed packet). Default: never.

@@ -55,7 +55,7 @@ use std::ptr;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::{Datapath, DatapathCaps, RxMeta, TxDatagram};
+use super::{Datapath, DatapathCaps, RxDrops, RxMeta, TxDatagram};
 use crate::error::OpenError;
 
 /// Most datagrams one GSO message carries (`UDP_MAX_SEGMENTS` in older kernels).
@@ -80,6 +80,17 @@ const MAX_UDP_PAYLOAD_V6: usize = 65_535 - UDP_HEADER;
 const RECV_ROUNDS: usize = 4;
 /// The MTU assumed when the interface of the local address cannot be found.
 const FALLBACK_MTU: usize = 1_500;
+/// `SO_RXQ_OVFL` (asm-generic/socket.h; libc exports it for few Linux targets): every received
+/// message carries the socket's drop count (`sk_drops`) as a `u32` control message.
+#[cfg(not(any(target_arch = "sparc", target_arch = "sparc64")))]
+const SO_RXQ_OVFL: libc::c_int = 40;
+#[cfg(any(target_arch = "sparc", target_arch = "sparc64"))]
+const SO_RXQ_OVFL: libc::c_int = 0x0024;
+/// `SO_MEMINFO`: the socket's memory counters, `u32[SK_MEMINFO_VARS]`, `sk_drops` among them.
+#[cfg(not(any(target_arch = "sparc", target_arch = "sparc64")))]
+const SO_MEMINFO: libc::c_int = 55;
+#[cfg(any(target_arch = "sparc", target_arch = "sparc64"))]
+const SO_MEMINFO: libc::c_int = 0x0039;
 
 /// How to open a [`UdpDatapath`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,6 +152,12 @@ pub struct UdpStats {
     pub truncated: u64,
     /// Receives whose control messages were cut short (`MSG_CTRUNC`; TOS/stride may be lost).
     pub ctrl_truncated: u64,
+    /// Datagrams the kernel dropped for this socket instead of queueing them (receive buffer
+    /// full, bad UDP checksum): the socket's `sk_drops`, read from the `SO_RXQ_OVFL` control
+    /// message of each receive and from `SO_MEMINFO` when [`Datapath::rx_drops`] asks. The
+    /// control message carries the count as it was when that datagram was *queued*, so drops
+    /// behind the last queued datagram show only with the next one or `rx_drops`.
+    pub kernel_drops: u64,
 }
 
 /// Why a [`UdpDatapath`] could not be opened.
@@ -243,6 +260,8 @@ pub struct UdpDatapath {
     gso_segments: usize,
     gro_segments: usize,
     stats: UdpStats,
+    /// The kernel's last `sk_drops` (a wrapping `u32`) folded into `stats.kernel_drops`.
+    sk_drops: u32,
     msgs: Msgs,
 }
 
@@ -366,6 +385,8 @@ impl UdpDatapath {
             } else {
                 1
             };
+        // The kernel's drop count with every receive (Linux 2.6.33+).
+        setsockopt_int(fd, libc::SOL_SOCKET, SO_RXQ_OVFL, 1).map_err(io_err("set SO_RXQ_OVFL"))?;
         let interface = interface_of(bound.ip());
         let ip_mtu = interface
             .as_deref()
@@ -381,6 +402,7 @@ impl UdpDatapath {
             gso_segments,
             gro_segments,
             stats: UdpStats::default(),
+            sk_drops: 0,
             msgs: Msgs::new(batch, v4),
         })
     }
@@ -403,6 +425,12 @@ impl UdpDatapath {
     /// The socket, for reading options (buffer sizes) or registering elsewhere.
     pub fn socket(&self) -> &Socket {
         &self.socket
+    }
+
+    /// Folds the kernel's cumulative drop count `now` into [`UdpStats::kernel_drops`].
+    fn note_sk_drops(&mut self, now: u32) {
+        self.stats.kernel_drops += u64::from(now.wrapping_sub(self.sk_drops));
+        self.sk_drops = now;
     }
 
     /// Whether `d` may share a GSO message: IPv6, or IPv4 to a loopback address.
@@ -629,7 +657,10 @@ impl Datapath for UdpDatapath {
                     };
                     dst.copy_from_slice(&back[0][..len]);
                 }
-                let (tos, gro) = self.msgs.rx_ctrl(i);
+                let (tos, gro, drops) = self.msgs.rx_ctrl(i);
+                if let Some(d) = drops {
+                    self.note_sk_drops(d);
+                }
                 let stride = match gro {
                     Some(s) if s > 0 && s < len => s,
                     _ => len,
@@ -663,6 +694,18 @@ impl Datapath for UdpDatapath {
 
     fn readiness_fd(&self) -> Option<RawFd> {
         Some(self.socket.as_raw_fd())
+    }
+
+    /// `kernel`: the socket's `sk_drops` now (`SO_MEMINFO`; if that fails, as of the last
+    /// receive's `SO_RXQ_OVFL`). `truncated`: [`UdpStats::truncated`].
+    fn rx_drops(&mut self) -> RxDrops {
+        if let Some(now) = sk_drops(self.socket.as_raw_fd()) {
+            self.note_sk_drops(now);
+        }
+        RxDrops {
+            kernel: self.stats.kernel_drops,
+            truncated: self.stats.truncated,
+        }
     }
 }
 
@@ -876,12 +919,14 @@ impl Msgs {
         }
     }
 
-    /// TOS / traffic class and GRO segment size from received message `i`'s control data.
-    fn rx_ctrl(&self, i: usize) -> (u8, Option<usize>) {
+    /// TOS / traffic class, GRO segment size and the kernel's drop count from received
+    /// message `i`'s control data.
+    fn rx_ctrl(&self, i: usize) -> (u8, Option<usize>, Option<u32>) {
         #[allow(clippy::unnecessary_cast)] // size_t with glibc, socklen_t with musl
         let len = (self.hdrs[i].msg_hdr.msg_controllen as usize).min(CTRL_LEN);
         let mut tos = 0;
         let mut gro = None;
+        let mut drops = None;
         for (level, ty, data) in CmsgIter::new(&self.ctrls[i].0[..len]) {
             match (level, ty) {
                 (libc::IPPROTO_IP, libc::IP_TOS) | (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
@@ -895,10 +940,13 @@ impl Msgs {
                 (libc::SOL_UDP, libc::UDP_GRO) => {
                     gro = cmsg_int(data).and_then(|v| usize::try_from(v).ok());
                 }
+                (libc::SOL_SOCKET, SO_RXQ_OVFL) => {
+                    drops = cmsg_int(data).map(|v| v as u32);
+                }
                 _ => {}
             }
         }
-        (tos, gro)
+        (tos, gro, drops)
     }
 }
 
@@ -1051,6 +1099,26 @@ fn setsockopt_int(
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The socket's drop count (`sk_drops`, from `SO_MEMINFO`), if the kernel reports it.
+fn sk_drops(fd: RawFd) -> Option<u32> {
+    let mut info = [0u32; libc::SK_MEMINFO_DROPS as usize + 1];
+    let mut len = size_of_val(&info) as libc::socklen_t;
+    #[allow(unsafe_code)]
+    // SAFETY: passes a live, exclusively borrowed u32 array and its exact size; the kernel
+    // writes at most `len` bytes and stores the length it wrote.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_MEMINFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    let need = (libc::SK_MEMINFO_DROPS as usize + 1) * size_of::<u32>();
+    (r == 0 && len as usize >= need).then_some(info[libc::SK_MEMINFO_DROPS as usize])
 }
 
 /// Whether the kernel takes `UDP_SEGMENT` (Linux 4.18+). Probes with the socket option and

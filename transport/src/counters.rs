@@ -41,7 +41,8 @@ counters! {
         /// Bytes of those datagrams (UDP payload).
         rx_bytes,
         /// Dropped: long enough to carry an ICRC, but it did not verify (for `udp` over IPv4
-        /// without the IP header: see `roce_wire::icrc::Ipv4IdentSolver`).
+        /// without the IP header: no Identification with DF makes it verify, or only one this
+        /// peer would not send now; see `roce_wire::icrc::Ipv4IdentChecker`).
         rx_icrc_errors,
         /// Dropped: not a well-formed RoCEv2 packet (shorter than BTH + ICRC, empty, larger
         /// than the receive buffer, unparsable after a good ICRC, wrong address family).

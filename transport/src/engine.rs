@@ -6,8 +6,9 @@
 //!    datagram (GRO buffers are split by their stride) gets synthetic IP/UDP headers written
 //!    into the slot's headroom in front of it, so the ICRC is checked in place over one
 //!    contiguous buffer. A UDP socket hides the IPv4 Identification: it is recovered from the
-//!    ICRC ([`roce_wire::icrc::Ipv4IdentSolver`]); other backends report it and all 32 bits are
-//!    checked. Good packets are parsed, demultiplexed by destination QPN and fed to their QP;
+//!    ICRC and held to what the sender's earlier packets showed
+//!    ([`roce_wire::icrc::Ipv4IdentChecker`], whose docs give the false-accept bound); other
+//!    backends report it and all 32 bits are checked. Good packets are parsed, demultiplexed by destination QPN and fed to their QP;
 //!    the QP scatters the payload straight from the slot into the MR (the one receive copy);
 //! 2. **timers**: every QP whose deadline passed;
 //! 3. **transmit**: each QP writes its packets (BTH .. ICRC, copied once from the MR) back to
@@ -27,7 +28,7 @@ use std::sync::Arc;
 use roce_qp::verbs::CqSide;
 use roce_qp::{Event, Instant as QpInstant, QpStats, QueuePair, RecvMeta};
 use roce_wire::frame::{EthRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr, ROCEV2_PORT};
-use roce_wire::icrc::{Icrc, Ipv4IdentSolver, ICRC_LEN};
+use roce_wire::icrc::{Icrc, IdentPolicy, IdentVerdict, Ipv4IdentChecker, ICRC_LEN};
 use roce_wire::{Gid, PacketRepr, Qpn};
 
 use crate::counters::DeviceCounters;
@@ -102,7 +103,7 @@ pub(crate) struct Engine {
     tx_deferred_earlier: bool,
     /// Room one packet needs in the arena (path MTU + headers + trailer).
     tx_room: usize,
-    solver: Ipv4IdentSolver,
+    ident_checker: Ipv4IdentChecker,
     scratch: Box<[u8]>,
     pub(crate) capture: Option<CaptureFile>,
     pub(crate) counters: DeviceCounters,
@@ -148,7 +149,7 @@ impl Engine {
             tx_pending: 0,
             tx_deferred_earlier: false,
             tx_room,
-            solver: Ipv4IdentSolver::new(),
+            ident_checker: Ipv4IdentChecker::new(IdentPolicy::default()),
             scratch: vec![0u8; MAX_HEADERS + tx_room.max(rx_data)].into_boxed_slice(),
             capture: None,
             counters: DeviceCounters::default(),
@@ -365,19 +366,23 @@ impl Engine {
         let ok = if short {
             false
         } else if matches!(frame.ip, IpRepr::V4(_)) && m.ipv4.is_none() {
-            // A UDP socket: solve for the hidden Identification and DF.
-            match self.solver.solve(&self.rx_slots[ip_off..ip_packet_end]) {
-                Some((ident, df)) => {
+            // A UDP socket: solve for the hidden Identification (with DF) and check it is one
+            // this peer would send now.
+            match self
+                .ident_checker
+                .check(&self.rx_slots[ip_off..ip_packet_end], now.as_nanos())
+            {
+                IdentVerdict::Accept(ident) => {
                     if let IpRepr::V4(v4) = &mut frame.ip {
                         v4.ident = ident;
-                        v4.dont_fragment = df;
+                        v4.dont_fragment = true;
                     }
                     if self.capture.is_some() {
                         frame.emit_headers(len, &mut self.rx_slots[base - hdr_len..base]);
                     }
                     true
                 }
-                None => false,
+                IdentVerdict::NoSolution | IdentVerdict::Implausible(_) => false,
             }
         } else {
             roce_wire::icrc::verify(&self.rx_slots[ip_off..ip_packet_end])

@@ -17,9 +17,19 @@
 //! set**, and every backend promises that is the header that goes on the wire: `raw` writes it
 //! itself, and `udp` relies on Linux sending ID 0 from an unconnected socket with
 //! `IP_PMTUDISC_DO` (tested in `tests/udp_ident.rs`). On receive, a backend that sees the IP
-//! header reports its Identification and DF bit in [`RxMeta::ipv4`]; one that cannot (a UDP
-//! socket) leaves it `None` and the engine recovers them from the ICRC by linearity
-//! ([`roce_wire::icrc::Ipv4IdentSolver`]).
+//! header reports its Identification and DF bit in [`RxMeta::ipv4`] and the engine checks all
+//! 32 bits of the ICRC. One that cannot (a plain UDP socket) leaves it `None`, and the engine
+//! recovers the Identification from the ICRC by linearity, taking DF as set
+//! ([`roce_wire::icrc::Ipv4IdentChecker`]).
+//!
+//! # Residual risk without the IP header (`udp` over IPv4, unprivileged)
+//!
+//! That check is **weaker than a NIC's**: a corrupted IPv4 packet is accepted with probability
+//! up to 2^-16 (the first packet from a peer), about 2^-23.7 for a packet of an active flow
+//! from a peer whose Identifications change (rdma_rxe), and 2^-32 (the full check) from a peer
+//! that always sends Identification 0 (rocectl, and the `udp` backend's own raw receive
+//! socket when it has `CAP_NET_RAW`, see [`udp`]). IPv6 has no hidden field: always 2^-32.
+//! The exact table is in the checker's docs; `wire/tests/ident_check.rs` measures it.
 
 use std::fmt;
 use std::io::{self, IoSliceMut};

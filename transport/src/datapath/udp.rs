@@ -32,6 +32,12 @@
 //!   `IPV6_TCLASS` (`IP_TTL` / `IPV6_HOPLIMIT`) control message. Received TOS / traffic class
 //!   (and so ECN CE) come from `IP_RECVTOS` / `IPV6_RECVTCLASS`. The IPv6 flow label is left
 //!   to the kernel (the ICRC masks it).
+//! - **The IPv4 receive check.** A UDP socket does not show the IP header, whose Identification
+//!   the ICRC covers, so the engine recovers it from the ICRC and holds each peer to the
+//!   Identifications it has been sending ([`roce_wire::icrc::Ipv4IdentChecker`]): a corrupted
+//!   packet gets through with probability 2^-32 from a peer that sends Identification 0
+//!   (rocectl), about 2^-23.7 from rdma_rxe during a flow, and up to 2^-16 for a peer's first
+//!   packet; see [`super`] for the summary and the checker for the table.
 //! - **IPv6 zero UDP checksums accepted** (`UDP_NO_CHECK6_RX`): rdma_rxe sends IPv6 UDP with
 //!   checksum 0 (as it does IPv4), which plain IPv6 UDP forbids, so the kernel would drop
 //!   every rxe packet before our socket. The ICRC covers the whole packet, so nothing is lost.

@@ -176,14 +176,14 @@ impl Engine {
     }
 
     /// Folds the datapath's unseen receive drops into the counters (call before reading them;
-    /// may make a system call): kernel drops into `rx_drop_kernel`, datagrams too large for
-    /// the receive buffer into `rx_packets` and `rx_drop_malformed`.
+    /// may make a system call): kernel drops into `rx_drop_kernel`, datagrams the backend
+    /// discarded as malformed into `rx_packets` and `rx_drop_malformed`.
     pub(crate) fn refresh_rx_drops(&mut self) {
         let now = self.dp.rx_drops();
         let seen = self.rx_drops_seen;
-        let truncated = now.truncated.saturating_sub(seen.truncated);
-        self.counters.rx_packets += truncated;
-        self.counters.rx_drop_malformed += truncated;
+        let malformed = now.malformed.saturating_sub(seen.malformed);
+        self.counters.rx_packets += malformed;
+        self.counters.rx_drop_malformed += malformed;
         self.counters.rx_drop_kernel += now.kernel.saturating_sub(seen.kernel);
         self.rx_drops_seen = now;
     }

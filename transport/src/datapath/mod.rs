@@ -127,9 +127,10 @@ pub struct RxDrops {
     /// Dropped by the kernel for our socket instead of being queued (receive buffer full; for
     /// `udp` also a bad UDP checksum): `udp` reads the socket's `sk_drops`.
     pub kernel: u64,
-    /// Received but larger than the receive buffer (`MSG_TRUNC`) and discarded: no valid
-    /// RoCEv2 packet is that large.
-    pub truncated: u64,
+    /// Received but discarded by the backend as malformed: larger than the receive buffer
+    /// (`MSG_TRUNC`; no valid RoCEv2 packet is that large), or IP/UDP headers the backend
+    /// parsed and rejected (bad lengths, checksums, GSO it cannot split).
+    pub malformed: u64,
 }
 
 /// What a backend can do.

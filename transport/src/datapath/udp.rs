@@ -760,14 +760,15 @@ impl Datapath for UdpDatapath {
     }
 
     /// `kernel`: the socket's `sk_drops` now (`SO_MEMINFO`; if that fails, as of the last
-    /// receive's `SO_RXQ_OVFL`). `truncated`: [`UdpStats::truncated`].
+    /// receive's `SO_RXQ_OVFL`). `malformed`: [`UdpStats::truncated`] and
+    /// [`UdpStats::raw_malformed`].
     fn rx_drops(&mut self) -> RxDrops {
         if let Some(now) = sk_drops(self.rx_fd()) {
             self.note_sk_drops(now);
         }
         RxDrops {
             kernel: self.stats.kernel_drops,
-            truncated: self.stats.truncated + self.stats.raw_malformed,
+            malformed: self.stats.truncated + self.stats.raw_malformed,
         }
     }
 }

@@ -8,8 +8,9 @@
 //!    contiguous buffer. A UDP socket hides the IPv4 Identification: it is recovered from the
 //!    ICRC and held to what the sender's earlier packets showed
 //!    ([`roce_wire::icrc::Ipv4IdentChecker`], whose docs give the false-accept bound); other
-//!    backends report it and all 32 bits are checked. Good packets are parsed, demultiplexed by destination QPN and fed to their QP;
-//!    the QP scatters the payload straight from the slot into the MR (the one receive copy);
+//!    backends (and `udp` with raw receive) report it and all 32 bits are checked. Good
+//!    packets are parsed, demultiplexed by destination QPN and fed to their QP; the QP
+//!    scatters the payload straight from the slot into the MR (the one receive copy);
 //! 2. **timers**: every QP whose deadline passed;
 //! 3. **transmit**: each QP writes its packets (BTH .. ICRC, copied once from the MR) back to
 //!    back into the transmit arena, the engine fills the ICRC for the IP header the backend

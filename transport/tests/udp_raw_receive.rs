@@ -3,8 +3,8 @@
 //! instead of one solved from the ICRC.
 //!
 //! Packets are forged with an `IPPROTO_RAW` socket (our own IPv4 header, any Identification)
-//! to 10.55.0.1 (on `lo`, but not a loopback address) in a private network namespace. Needs root: without it
-//! the tests say so loudly, and fail when `CI` is set.
+//! to 10.55.0.1 (on `lo`, but not a loopback address) in a private network namespace. Needs
+//! root: without it the tests say so loudly, and fail when `CI` is set.
 
 mod udp_support;
 

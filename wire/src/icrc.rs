@@ -314,11 +314,13 @@ impl IdentBasis {
 /// A corrupted packet (a CRC difference that is random to us) gets through with probability
 /// at most:
 ///
-/// | peer state | accepted if the solved Identification ... | false accept |
+/// | peer state | accepted if the solved Identification | false accept |
 /// |---|---|---|
-/// | **zero** (rocectl, kernels that send DF packets with ID 0) | is 0: a full 32-bit check | 2^-32 |
-/// | **window** (rdma_rxe: Linux `__ip_select_ident` counters) | lies in `[last - behind, last + ahead']` | 2^-16 x (behind + ahead' + 1) / 2^16 |
+/// | **zero** (rocectl; kernels sending ID 0 with DF) | is 0 (full check) | 2^-32 |
+/// | **window** (rdma_rxe: `__ip_select_ident`) | is in `[last-behind, last+ahead']` | see below |
 /// | first packet from a peer | exists | 2^-16 |
+///
+/// In window mode: 2^-16 x (behind + ahead' + 1) / 2^16.
 ///
 /// `ahead' = ahead + ahead_per_ms x (ms since the peer's last accepted packet)`: Linux adds a
 /// random step up to the jiffies elapsed since a counter was last used. With the defaults

@@ -98,8 +98,8 @@ pub struct RxMeta {
     pub dst: SocketAddr,
     /// IPv4 TOS / IPv6 traffic class (ECN in the low two bits); 0 when unknown.
     pub tos: u8,
-    /// IPv4 Identification and DF when the backend saw the IP header (`raw`, `sim`); `None`
-    /// from a UDP socket.
+    /// IPv4 Identification and DF when the backend saw the IP header (`raw`, `sim`, `udp` with
+    /// raw receive); `None` from a plain UDP socket.
     pub ipv4: Option<Ipv4Info>,
 }
 

@@ -115,9 +115,8 @@ pub(crate) fn open_device(args: DeviceArgs) -> anyhow::Result<(Device, u8, Gid)>
     config.mtu = args.mtu;
     config.capture = crate::signals::open_capture(args.pcap.as_deref(), &dev.name)?;
     config.progress = args.progress;
-    // Initial PSNs and memory keys come from the seed: differ from run to run and from the
-    // peer's, as `srand48(getpid() * time(NULL))` makes them in the stock tools.
-    config.seed = run_seed();
+    // Initial PSNs, memory keys and QPNs come from the OS random source (the device's
+    // default): they differ from run to run and from the peer's.
     let device = Device::open(config).with_context(|| {
         format!(
             "opening device {} (GID index {index}, {ip}, {} backend)",
@@ -298,14 +297,6 @@ pub(crate) fn ip_text(gid: Gid) -> String {
         Some(v4) => format!("::ffff:{v4}"),
         None => v6.to_string(),
     }
-}
-
-/// A seed that differs between processes and runs.
-fn run_seed() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    nanos ^ (u64::from(std::process::id()) << 32) ^ 0x5EED_0000_0001
 }
 
 fn is_link_local(v6: Ipv6Addr) -> bool {

@@ -14,8 +14,15 @@ fn rc_pingpong_chk() {
     assert_eq!((s.iters, s.bytes), (50, 9000 * 50 * 2));
     assert_eq!((c.iters, c.bytes), (50, 9000 * 50 * 2));
     assert_eq!((s.local.len(), c.local.len()), (1, 1));
-    // The first QPN, as rxe's.
-    assert_eq!(s.local[0].qpn, 0x11);
+    // QPNs are random (issue 12): 24 bits, never the special ones, and each side saw the
+    // other's.
+    assert!(
+        (0x10..=0xFF_FFFE).contains(&s.local[0].qpn),
+        "{:#x}",
+        s.local[0].qpn
+    );
+    assert_eq!(c.remote[0].qpn, s.local[0].qpn);
+    assert_eq!(s.remote[0].qpn, c.local[0].qpn);
 }
 
 #[test]
@@ -42,8 +49,16 @@ fn srq_pingpong_chk() {
     );
     assert_eq!(s.bytes, 256 * 40 * 2);
     assert_eq!((s.local.len(), s.remote.len()), (4, 4));
-    let qpns: Vec<u32> = c.local.iter().map(|a| a.qpn).collect();
-    assert_eq!(qpns, [0x11, 0x12, 0x13, 0x14]);
+    // Four distinct random QPNs (issue 12: not 0x11, 0x12, ... any more), as the server saw.
+    let mut qpns: Vec<u32> = c.local.iter().map(|a| a.qpn).collect();
+    assert_eq!(qpns, s.remote.iter().map(|a| a.qpn).collect::<Vec<_>>());
+    qpns.sort_unstable();
+    qpns.dedup();
+    assert_eq!(qpns.len(), 4, "{qpns:x?}");
+    assert!(
+        qpns.iter().all(|q| (0x10..=0xFF_FFFE).contains(q)),
+        "{qpns:x?}"
+    );
 }
 
 #[test]

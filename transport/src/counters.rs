@@ -1,4 +1,18 @@
 //! Counters per device and per QP, named like `rdma statistic` shows a NIC's.
+//!
+//! # Every datagram in exactly one place
+//!
+//! On receive, [`DeviceCounters`] account for every datagram that reached our socket:
+//!
+//! ```text
+//! rx_packets = rx_icrc_errors + rx_drop_malformed + rx_drop_no_qp + rx_delivered
+//! ```
+//!
+//! (`rx_delivered`: handed to a QP, which accepts it or counts its own drop reason)
+//!
+//! and `rx_drop_kernel` counts the datagrams the kernel dropped before they reached us
+//! (receive buffer full), so for a sender's `n` datagrams, `n = rx_packets + rx_drop_kernel`
+//! once all have arrived. `transport/tests/counters.rs` floods a device and reconciles.
 
 use roce_qp::QpStats;
 
@@ -22,20 +36,27 @@ macro_rules! counters {
 counters! {
     /// Device-level counters: what the engine saw below the QPs.
     DeviceCounters {
-        /// Datagrams received from the datapath.
+        /// Datagrams received from the datapath (including zero-length and oversized ones).
         rx_packets,
         /// Bytes of those datagrams (UDP payload).
         rx_bytes,
-        /// Dropped: the ICRC did not verify (for `udp` over IPv4: no IPv4 Identification makes
-        /// it verify).
+        /// Dropped: long enough to carry an ICRC, but it did not verify (for `udp` over IPv4
+        /// without the IP header: no Identification with DF makes it verify, or only one this
+        /// peer would not send now; see `roce_wire::icrc::Ipv4IdentChecker`).
         rx_icrc_errors,
-        /// Dropped: not a well-formed RoCEv2 packet.
+        /// Dropped: not a well-formed RoCEv2 packet (shorter than BTH + ICRC, empty, larger
+        /// than the receive buffer, unparsable after a good ICRC, wrong address family).
         rx_drop_malformed,
         /// Dropped: no QP with the destination QPN (includes QP1 / CM MADs).
         rx_drop_no_qp,
+        /// Handed to the QP with the destination QPN (which accepts it or counts a drop).
+        rx_delivered,
         /// Received with ECN Congestion Experienced.
         rx_ecn_ce,
-        /// Receive errors from the datapath.
+        /// Datagrams the kernel dropped for our socket before we could read them (receive
+        /// buffer full): `SO_RXQ_OVFL` / `SO_MEMINFO` on `udp`. Not in `rx_packets`.
+        rx_drop_kernel,
+        /// Receive errors from the datapath (failed system calls, not datagrams).
         rx_errors,
         /// Datagrams handed to the datapath.
         tx_packets,
@@ -101,6 +122,8 @@ counters! {
         malformed,
         /// Packets for no QP.
         no_qp,
+        /// Datagrams the kernel dropped before we could read them (receive buffer full).
+        kernel_drops,
         /// Packets a QP dropped (state, P_Key, Q_Key, opcode, PSN, length, no receive WR,
         /// address).
         qp_drops,
@@ -125,6 +148,7 @@ impl Counters {
             icrc_errors: dev.rx_icrc_errors,
             malformed: dev.rx_drop_malformed,
             no_qp: dev.rx_drop_no_qp,
+            kernel_drops: dev.rx_drop_kernel,
             ecn_ce: dev.rx_ecn_ce,
             send_errors: dev.tx_errors,
             ..Self::default()

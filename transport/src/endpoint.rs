@@ -30,7 +30,7 @@ use std::sync::Arc;
 use roce_qp::verbs::CqSide;
 use roce_qp::{Event, Instant, QpStats, QueuePair, RecvMeta};
 use roce_wire::frame::{EthRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr, ROCEV2_PORT};
-use roce_wire::icrc::{Icrc, Ipv4IdentSolver, ICRC_LEN};
+use roce_wire::icrc::{Icrc, IdentPolicy, IdentVerdict, Ipv4IdentChecker, ICRC_LEN};
 use roce_wire::{Gid, PacketRepr, Qpn};
 
 use crate::counters::DeviceCounters;
@@ -82,7 +82,7 @@ pub(crate) struct Endpoint {
     order: Vec<u32>,
     /// Where the next transmit scan starts in `order`.
     rr: usize,
-    solver: Ipv4IdentSolver,
+    ident_checker: Ipv4IdentChecker,
     pub(crate) counters: DeviceCounters,
     pub(crate) events: Vec<AsyncEvent>,
     pub(crate) last_error: Option<String>,
@@ -105,7 +105,7 @@ impl Endpoint {
             qps: HashMap::new(),
             order: Vec::new(),
             rr: 0,
-            solver: Ipv4IdentSolver::new(),
+            ident_checker: Ipv4IdentChecker::new(IdentPolicy::default()),
             counters: DeviceCounters::default(),
             events: Vec::new(),
             last_error: None,
@@ -171,22 +171,26 @@ impl Endpoint {
         };
         frame.emit_headers(len, &mut buf[start..at]);
         let ip_off = start + 14;
-        let ok = if len < roce_wire::bth::HEADER_LEN + ICRC_LEN {
-            false
-        } else if matches!(frame.ip, IpRepr::V4(_)) && meta.ipv4.is_none() {
-            // A UDP socket: solve for the hidden Identification and DF.
-            match self.solver.solve(&buf[ip_off..end]) {
-                Some((ident, df)) => {
+        // Too short for BTH + ICRC: malformed, not an ICRC error (there is no ICRC to check).
+        if len < roce_wire::bth::HEADER_LEN + ICRC_LEN {
+            self.counters.rx_drop_malformed += 1;
+            return Some(start..end);
+        }
+        let ok = if matches!(frame.ip, IpRepr::V4(_)) && meta.ipv4.is_none() {
+            // A UDP socket: solve for the hidden Identification (with DF) and check it is one
+            // this peer would send now.
+            match self.ident_checker.check(&buf[ip_off..end], now.as_nanos()) {
+                IdentVerdict::Accept(ident) => {
                     if let IpRepr::V4(v4) = &mut frame.ip {
                         v4.ident = ident;
-                        v4.dont_fragment = df;
+                        v4.dont_fragment = true;
                     }
                     if capture {
                         frame.emit_headers(len, &mut buf[start..at]);
                     }
                     true
                 }
-                None => false,
+                IdentVerdict::NoSolution | IdentVerdict::Implausible(_) => false,
             }
         } else {
             roce_wire::icrc::verify(&buf[ip_off..end])
@@ -218,6 +222,7 @@ impl Endpoint {
             self.counters.rx_drop_no_qp += 1;
             return;
         };
+        self.counters.rx_delivered += 1;
         let mut grh = [0u8; 40];
         match frame.ip {
             IpRepr::V4(_) => grh[20..].copy_from_slice(&ip_packet[..20]),

@@ -31,7 +31,7 @@ use roce_qp::Instant as QpInstant;
 
 use crate::capture::CaptureFile;
 use crate::clock::Clock;
-use crate::datapath::{Datapath, RxMeta, TxDatagram};
+use crate::datapath::{Datapath, RxDrops, RxMeta, TxDatagram};
 use crate::endpoint::{Endpoint, TxDesc, MAX_HEADERS};
 use crate::sys::lock;
 
@@ -84,6 +84,8 @@ pub(crate) struct Engine {
     tx_room: usize,
     scratch: Box<[u8]>,
     pub(crate) capture: Option<CaptureFile>,
+    /// The datapath's receive drops already folded into the counters.
+    rx_drops_seen: RxDrops,
 }
 
 impl Engine {
@@ -121,6 +123,7 @@ impl Engine {
             tx_deferred_earlier: false,
             tx_room,
             scratch: vec![0u8; MAX_HEADERS + tx_room.max(rx_data)].into_boxed_slice(),
+            rx_drops_seen: RxDrops::default(),
             capture: None,
         }
     }
@@ -128,6 +131,20 @@ impl Engine {
     /// The backend.
     pub(crate) fn datapath(&self) -> &dyn Datapath {
         &*self.dp
+    }
+
+    /// Folds the datapath's unseen receive drops into the counters (call before reading them;
+    /// may make a system call): kernel drops into `rx_drop_kernel`, datagrams the backend
+    /// discarded as malformed into `rx_packets` and `rx_drop_malformed`.
+    pub(crate) fn refresh_rx_drops(&mut self) {
+        let now = self.dp.rx_drops();
+        let seen = self.rx_drops_seen;
+        let malformed = now.malformed.saturating_sub(seen.malformed);
+        let c = &mut self.ep.counters;
+        c.rx_packets += malformed;
+        c.rx_drop_malformed += malformed;
+        c.rx_drop_kernel += now.kernel.saturating_sub(seen.kernel);
+        self.rx_drops_seen = now;
     }
 
     /// The engine clock.
@@ -228,7 +245,9 @@ impl Engine {
                 let stride = meta.stride.max(1);
                 let slot = &mut self.rx_slots[i * self.rx_slot_len..(i + 1) * self.rx_slot_len];
                 let mut off = 0;
-                while off < meta.len {
+                // An empty datagram is still a datagram: handled once (counted malformed).
+                let mut empty = meta.len == 0;
+                while off < meta.len || std::mem::take(&mut empty) {
                     let seg = stride.min(meta.len - off);
                     let capture = self.capture.is_some();
                     let frame = self

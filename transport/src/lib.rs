@@ -64,6 +64,7 @@ mod device;
 mod endpoint;
 mod engine;
 mod error;
+mod ids;
 mod sys;
 mod verbs;
 

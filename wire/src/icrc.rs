@@ -26,7 +26,7 @@
 //! ICRC check without having to forge CRCs.
 
 #[cfg(feature = "alloc")]
-use alloc::{boxed::Box, vec::Vec};
+use alloc::{boxed::Box, collections::BTreeMap, vec::Vec};
 
 use crate::bth;
 
@@ -153,23 +153,27 @@ pub fn verify(ip_packet: &[u8]) -> bool {
     }
 }
 
-/// Recovers the IPv4 Identification and DF bit of a received packet from its ICRC.
+/// Recovers the IPv4 Identification of a received packet from its ICRC.
 ///
 /// A UDP socket never sees the IP header, but the ICRC covers its Identification (16 bits) and
 /// flags, and Linux rdma_rxe sends a different Identification in every packet. CRC-32 is affine
 /// over GF(2): for messages of equal length, `crc(m ^ e) = crc(m) ^ crc(e) ^ crc(0)`. So with
-/// the 17 unknown bits (Identification and DF) set to zero, the received ICRC differs from the
-/// computed one by a linear combination of 17 fixed 32-bit vectors that depend only on the
-/// packet length. The solver computes those vectors once per length (cached), reduces them to
-/// echelon form, and solves for the unknown bits in at most 17 steps.
+/// the Identification set to zero, the received ICRC differs from the computed one by a linear
+/// combination of 16 fixed 32-bit vectors that depend only on the packet length. The solver
+/// computes those vectors once per length (cached), reduces them to echelon form, and solves
+/// for the Identification in at most 16 steps.
+///
+/// The flags are **not** unknowns: every RoCEv2 sender sets DF (rxe, ConnectX, rocectl) and
+/// never fragments, so the solver takes DF = 1, MF = 0, fragment offset 0 and the reserved bit
+/// 0. A packet sent without DF, fragmented, or carrying IP options does not solve.
 ///
 /// # How strong the check is
 ///
-/// The 17 vectors span a 17-dimensional subspace of the 2^32 possible differences, so a packet
-/// corrupted anywhere else passes with probability 2^17 / 2^32 = 2^-15 (one in 32768), against
-/// 2^-32 for a full ICRC check. Everything else the ICRC covers (addresses, lengths, ports,
-/// BTH, payload) is still covered; only the 17 unknown bits are taken from the CRC instead of
-/// the header. Backends that see the IP header (`raw`) check all 32 bits.
+/// The 16 vectors span a 16-dimensional subspace of the 2^32 possible differences, so a packet
+/// corrupted anywhere else solves (to a uniformly random Identification) with probability
+/// 2^16 / 2^32 = 2^-16, against 2^-32 for a full ICRC check. Taken alone that is too weak (a
+/// single-bit error whose CRC difference lies in the subspace passes at every Identification):
+/// [`Ipv4IdentChecker`] adds what is known about each peer's Identifications.
 #[cfg(feature = "alloc")]
 #[derive(Debug, Default)]
 pub struct Ipv4IdentSolver {
@@ -177,16 +181,20 @@ pub struct Ipv4IdentSolver {
     cache: Vec<Option<Box<IdentBasis>>>,
 }
 
-/// The 17 unknown bits' CRC contributions for one length, in echelon form.
+/// The 16 Identification bits' CRC contributions for one length, in echelon form.
 #[cfg(feature = "alloc")]
 #[derive(Debug)]
 struct IdentBasis {
-    /// `(pivot bit, vector, combination of unknown bits that makes it)`.
-    rows: [(u32, u32, u32); 17],
+    /// `(pivot bit, vector, combination of Identification bits that makes it)`.
+    rows: [(u32, u32, u32); 16],
 }
 
 /// Offset of the IPv4 Identification in the ICRC input (after the 8-byte LRH placeholder).
+#[cfg(feature = "alloc")]
 const IDENT_OFFSET: usize = 8 + 4;
+/// The IPv4 flags/fragment-offset word every RoCEv2 packet carries: DF, nothing else.
+#[cfg(feature = "alloc")]
+const FLAGS_DF: [u8; 2] = [0x40, 0x00];
 /// The longest IPv4 packet a solver caches a basis for.
 #[cfg(feature = "alloc")]
 const MAX_SOLVER_LEN: usize = 16 * 1024;
@@ -198,15 +206,15 @@ impl Ipv4IdentSolver {
         Self::default()
     }
 
-    /// Finds the Identification and DF bit that make the ICRC of `ip_packet` (an IPv4 header
-    /// without options .. the end of the received ICRC) correct, or `None` if none does (the
-    /// packet is corrupt, is not IPv4, is too short, or is longer than 16 KiB). The
-    /// Identification, flags and fragment-offset bytes of `ip_packet` are ignored; the fragment
-    /// offset and MF are taken as zero.
+    /// Finds the Identification that makes the ICRC of `ip_packet` (an IPv4 header without
+    /// options .. the end of the received ICRC) correct with DF set, MF clear and fragment
+    /// offset 0, or `None` if none does (the packet is corrupt, was sent without DF, is not
+    /// IPv4, is too short, or is longer than 16 KiB). The Identification, flags and
+    /// fragment-offset bytes of `ip_packet` are ignored.
     ///
     /// # Fuzzing
-    /// Under `cfg(fuzzing)` this returns the header's own Identification and DF.
-    pub fn solve(&mut self, ip_packet: &[u8]) -> Option<(u16, bool)> {
+    /// Under `cfg(fuzzing)` this returns the header's own Identification.
+    pub fn solve(&mut self, ip_packet: &[u8]) -> Option<u16> {
         if ip_packet.len() < 20 + UDP_HEADER + bth::HEADER_LEN + ICRC_LEN
             || ip_packet[0] != 0x45
             || ip_packet.len() > MAX_SOLVER_LEN
@@ -214,12 +222,12 @@ impl Ipv4IdentSolver {
             return None;
         }
         if cfg!(fuzzing) {
-            let ident = u16::from_be_bytes([ip_packet[4], ip_packet[5]]);
-            return Some((ident, ip_packet[6] & 0x40 != 0));
+            return Some(u16::from_be_bytes([ip_packet[4], ip_packet[5]]));
         }
         let mut header = [0u8; 20];
         header.copy_from_slice(&ip_packet[..20]);
-        header[4..8].fill(0);
+        header[4..6].fill(0);
+        header[6..8].copy_from_slice(&FLAGS_DF);
         let end = ip_packet.len() - ICRC_LEN;
         let mut icrc = Icrc::start(&header, &ip_packet[20..28], &ip_packet[28..40])?;
         icrc.update(&ip_packet[40..end]);
@@ -238,7 +246,7 @@ impl Ipv4IdentSolver {
         if delta != 0 {
             return None;
         }
-        Some(((unknown & 0xFFFF) as u16, unknown & 0x1_0000 != 0))
+        Some((unknown & 0xFFFF) as u16)
     }
 
     fn basis(&mut self, ip_len: usize) -> &IdentBasis {
@@ -273,15 +281,10 @@ impl IdentBasis {
             h.finalize()
         };
         let zero = crc_with_bit(None);
-        let mut rows = [(0u32, 0u32, 0u32); 17];
+        let mut rows = [(0u32, 0u32, 0u32); 16];
         for (k, row) in rows.iter_mut().enumerate() {
-            // Bits 0..16: Identification (big-endian at IDENT_OFFSET); bit 16: DF (0x40 of the
-            // flags byte right after it).
-            let (at, bit) = if k < 16 {
-                (IDENT_OFFSET + 1 - k / 8, 1u8 << (k % 8))
-            } else {
-                (IDENT_OFFSET + 2, 0x40)
-            };
+            // Bit k of the Identification (big-endian at IDENT_OFFSET).
+            let (at, bit) = (IDENT_OFFSET + 1 - k / 8, 1u8 << (k % 8));
             *row = (0, crc_with_bit(Some((at, bit))) ^ zero, 1 << k);
         }
         // Gaussian elimination: give each row a pivot bit no later row has.
@@ -300,6 +303,211 @@ impl IdentBasis {
             }
         }
         Self { rows }
+    }
+}
+
+/// The receive check for IPv4 packets whose IP header was not seen (a UDP socket): the
+/// [`Ipv4IdentSolver`] plus what each peer's Identifications have shown so far.
+///
+/// # Read first: the bound
+///
+/// A corrupted packet (a CRC difference that is random to us) gets through with probability
+/// at most:
+///
+/// | peer state | accepted if the solved Identification | false accept |
+/// |---|---|---|
+/// | **zero** (rocectl; kernels sending ID 0 with DF) | is 0 (full check) | 2^-32 |
+/// | **window** (rdma_rxe: `__ip_select_ident`) | is in `[last-behind, last+ahead']` | see below |
+/// | first packet from a peer | exists | 2^-16 |
+///
+/// In window mode: 2^-16 x (behind + ahead' + 1) / 2^16.
+///
+/// `ahead' = ahead + ahead_per_ms x (ms since the peer's last accepted packet)`: Linux adds a
+/// random step up to the jiffies elapsed since a counter was last used. With the defaults
+/// (`behind` 64, `ahead` 256, 1 per ms) an active flow is at 2^-16 x 321/65536 ~ 2^-23.7,
+/// about one corrupted packet in 14 million; after a second of silence 2^-16 x 1321/65536 ~
+/// 2^-21.6. For comparison, the backends that see the IP header (`raw`; `udp` with its raw
+/// receive socket) and zero-Identification peers get the full 2^-32.
+///
+/// **Single-bit errors.** CRC-32 catches every single-bit error when the Identification is
+/// known, so zero peers and a full check always catch them. In window mode a flipped bit whose
+/// CRC difference lies in the 16-dimensional Identification subspace (about `8 x len / 2^16` of
+/// the bit positions of a `len`-byte packet) makes the packet solve to `true ID ^ d` for a
+/// fixed `d`; it is caught unless that lands in the window, i.e. unless `d` is small (about
+/// `(behind + ahead') / 2^16` of those positions). `wire/tests/ident_check.rs` measures both.
+///
+/// # How a peer is tracked
+///
+/// - A peer (source address: Linux keys its Identification counters by source, destination
+///   and protocol, so every flow from a host to us shares one) starts in window mode at its
+///   first packet.
+/// - After `zero_after` consecutive packets with Identification 0 it is held to 0.
+/// - Reordering is covered by `behind`, loss and other traffic from the peer by `ahead'`.
+///   A packet outside the window (the peer sent a burst of other UDP to us, or restarted as
+///   another stack) is rejected but remembered as a *candidate*; the next packet within
+///   `ahead` after the candidate (within a second) re-anchors the window and is accepted. A
+///   zero peer whose packets stop solving to 0 leaves zero mode the same way. So a change of
+///   sender costs one dropped packet (which RC retransmits), and one corrupted packet can
+///   only move the window if another corrupted packet lands right after it (2^-16 x 2^-16 x
+///   ahead / 2^16).
+/// - At most `max_peers` peers are tracked; the least recently seen is forgotten first.
+#[cfg(feature = "alloc")]
+#[derive(Debug)]
+pub struct Ipv4IdentChecker {
+    solver: Ipv4IdentSolver,
+    policy: IdentPolicy,
+    peers: BTreeMap<[u8; 4], Peer>,
+}
+
+/// The knobs of an [`Ipv4IdentChecker`] (see its table for what they cost).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdentPolicy {
+    /// Consecutive packets with Identification 0 after which a peer is held to 0.
+    pub zero_after: u32,
+    /// Identifications accepted behind the last accepted one (reordering).
+    pub behind: u16,
+    /// Identifications accepted ahead of the last accepted one (loss, other traffic).
+    pub ahead: u16,
+    /// Extra `ahead` per millisecond since the peer's last accepted packet (Linux HZ <= 1000).
+    pub ahead_per_ms: u16,
+    /// Most peers tracked at once.
+    pub max_peers: usize,
+}
+
+impl Default for IdentPolicy {
+    fn default() -> Self {
+        Self {
+            zero_after: 8,
+            behind: 64,
+            ahead: 256,
+            ahead_per_ms: 1,
+            max_peers: 4_096,
+        }
+    }
+}
+
+/// What [`Ipv4IdentChecker::check`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdentVerdict {
+    /// Accepted with this Identification.
+    Accept(u16),
+    /// No Identification (with DF) makes the ICRC right.
+    NoSolution,
+    /// It solves, but not to an Identification this peer would send now.
+    Implausible(u16),
+}
+
+/// How the Identifications of one peer are checked.
+#[cfg(feature = "alloc")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Near the last accepted; `zeros` consecutive zeros so far.
+    Window { zeros: u32 },
+    /// Always 0.
+    Zero,
+}
+
+#[cfg(feature = "alloc")]
+#[derive(Clone, Copy, Debug)]
+struct Peer {
+    mode: Mode,
+    last: u16,
+    last_ns: u64,
+    /// An implausible Identification and when it came (a possible re-anchor).
+    candidate: Option<(u16, u64)>,
+}
+
+/// How long a candidate stays good for a re-anchor.
+#[cfg(feature = "alloc")]
+const CANDIDATE_NS: u64 = 1_000_000_000;
+
+#[cfg(feature = "alloc")]
+impl Ipv4IdentChecker {
+    /// A checker with `policy`.
+    pub fn new(policy: IdentPolicy) -> Self {
+        Self {
+            solver: Ipv4IdentSolver::new(),
+            policy,
+            peers: BTreeMap::new(),
+        }
+    }
+
+    /// Checks one packet: `ip_packet` as for [`Ipv4IdentSolver::solve`] (its source address
+    /// names the peer), `now_ns` a monotonic clock in nanoseconds.
+    pub fn check(&mut self, ip_packet: &[u8], now_ns: u64) -> IdentVerdict {
+        let Some(id) = self.solver.solve(ip_packet) else {
+            return IdentVerdict::NoSolution;
+        };
+        let mut src = [0u8; 4];
+        src.copy_from_slice(&ip_packet[12..16]);
+        let p = self.policy;
+        let Some(peer) = self.peers.get_mut(&src) else {
+            if self.peers.len() >= p.max_peers {
+                let oldest = self
+                    .peers
+                    .iter()
+                    .min_by_key(|(_, v)| v.last_ns)
+                    .map(|(k, _)| *k);
+                if let Some(k) = oldest {
+                    self.peers.remove(&k);
+                }
+            }
+            let peer = Peer {
+                mode: Mode::Window {
+                    zeros: u32::from(id == 0),
+                },
+                last: id,
+                last_ns: now_ns,
+                candidate: None,
+            };
+            self.peers.insert(src, peer);
+            return IdentVerdict::Accept(id);
+        };
+        let plausible = match peer.mode {
+            Mode::Zero => id == 0,
+            Mode::Window { .. } => {
+                let ms = now_ns.saturating_sub(peer.last_ns) / 1_000_000;
+                let ahead = (u64::from(p.ahead) + ms * u64::from(p.ahead_per_ms))
+                    .min(u64::from(u16::MAX - p.behind)) as u16;
+                let fwd = id.wrapping_sub(peer.last);
+                fwd <= ahead || peer.last.wrapping_sub(id) <= p.behind
+            }
+        };
+        let reanchor = !plausible
+            && peer.candidate.is_some_and(|(c, at)| {
+                let fwd = id.wrapping_sub(c);
+                now_ns.saturating_sub(at) <= CANDIDATE_NS && fwd >= 1 && fwd <= p.ahead
+            });
+        if !plausible && !reanchor {
+            peer.candidate = Some((id, now_ns));
+            return IdentVerdict::Implausible(id);
+        }
+        peer.candidate = None;
+        if reanchor {
+            peer.mode = Mode::Window { zeros: 0 };
+            peer.last = id;
+        } else if let Mode::Window { zeros } = &mut peer.mode {
+            *zeros = if id == 0 { *zeros + 1 } else { 0 };
+            let z = *zeros;
+            if id.wrapping_sub(peer.last) < 0x8000 {
+                peer.last = id;
+            }
+            if z >= p.zero_after {
+                peer.mode = Mode::Zero;
+            }
+        }
+        peer.last_ns = now_ns;
+        IdentVerdict::Accept(id)
+    }
+
+    /// Whether the peer `src` is held to Identification 0 (a full 32-bit check).
+    pub fn is_zero_peer(&self, src: [u8; 4]) -> bool {
+        self.peers.get(&src).is_some_and(|p| p.mode == Mode::Zero)
+    }
+
+    /// The number of peers tracked.
+    pub fn peers(&self) -> usize {
+        self.peers.len()
     }
 }
 
@@ -460,7 +668,7 @@ mod tests {
     #[cfg(feature = "alloc")]
     proptest! {
         #[test]
-        fn ident_solver_recovers_ident_and_df(
+        fn ident_solver_recovers_ident_with_df_only(
             ident in any::<u16>(), df in any::<bool>(), payload in proptest::collection::vec(any::<u8>(), 0..2048),
             flip in any::<usize>(),
         ) {
@@ -481,7 +689,8 @@ mod tests {
             // The header's own Identification and flags are ignored.
             let mut hidden = pkt.clone();
             hidden[4..8].fill(0);
-            prop_assert_eq!(solver.solve(&hidden), Some((ident, df)));
+            // Only DF packets solve: every RoCEv2 sender sets DF.
+            prop_assert_eq!(solver.solve(&hidden), df.then_some(ident));
             // One flipped bit after the IP header is caught (CRC-32 detects every single-bit
             // error, so no Identification makes it valid with the true one), except in BTH
             // byte 4, which the ICRC masks.
@@ -489,7 +698,7 @@ mod tests {
             if pos != 28 + 4 {
                 hidden[pos] ^= 0x01;
                 let got = solver.solve(&hidden);
-                prop_assert!(got != Some((ident, df)));
+                prop_assert!(got != Some(ident));
             }
         }
     }

@@ -154,7 +154,9 @@ fn ipv4_ident_recovered_from_icrc_for_every_captured_frame() {
         let df = ip[6] & 0x40 != 0;
         let mut hidden = ip.to_vec();
         hidden[4..8].fill(0);
-        assert_eq!(solver.solve(&hidden), Some((ident, df)), "{what}");
+        // Only DF packets solve (every RoCEv2 sender sets DF; the captures agree).
+        assert!(df, "{what}: a RoCEv2 packet without DF");
+        assert_eq!(solver.solve(&hidden), Some(ident), "{what}");
         checked += 1;
     }
     assert!(checked > 600, "only {checked} IPv4 RoCE frames");

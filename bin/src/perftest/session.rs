@@ -556,24 +556,12 @@ fn open_device(cfg: &Config, peer: Option<IpAddr>) -> anyhow::Result<(Device, u8
     let name = netdev::interface_for_addr(ip)
         .map(|n| n.name)
         .unwrap_or_else(|_| "rocectl0".into());
-    let mut config = DeviceConfig::udp(ip)
-        .name(name)
-        .progress(cfg.progress)
-        .seed(seed());
+    let mut config = DeviceConfig::udp(ip).name(name).progress(cfg.progress);
     config.capture = crate::signals::open_capture(cfg.pcap.as_deref(), &config.name)?;
     let dev = Device::open(config).with_context(|| format!("opening the device on {ip}"))?;
     let index = dev.local_gid_index().unwrap_or(0);
     let gid = dev.local_gid();
     Ok((dev, index, gid))
-}
-
-/// A seed for keys and PSNs that differs between runs and processes (perftest's PSNs are
-/// `lrand48()` seeded with the time).
-fn seed() -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    t ^ u64::from(std::process::id()).rotate_left(32)
 }
 
 /// perftest's `ctx_print_test_info`, with the lines 6.06 prints for rxe.

@@ -218,6 +218,12 @@ impl<D: Datapath> Datapath for FaultInjector<D> {
         self.inner.name()
     }
 
+    /// The wrapped backend's drops; what the injector itself loses is the simulated network's
+    /// loss, which a receiver cannot see either.
+    fn rx_drops(&mut self) -> super::RxDrops {
+        self.inner.rx_drops()
+    }
+
     fn caps(&self) -> DatapathCaps {
         self.inner.caps()
     }

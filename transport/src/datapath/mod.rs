@@ -20,9 +20,19 @@
 //! set**, and every backend promises that is the header that goes on the wire: `raw` writes it
 //! itself, and `udp` relies on Linux sending ID 0 from an unconnected socket with
 //! `IP_PMTUDISC_DO` (tested in `tests/udp_ident.rs`). On receive, a backend that sees the IP
-//! header reports its Identification and DF bit in [`RxMeta::ipv4`]; one that cannot (a UDP
-//! socket) leaves it `None` and the engine recovers them from the ICRC by linearity
-//! ([`roce_wire::icrc::Ipv4IdentSolver`]).
+//! header reports its Identification and DF bit in [`RxMeta::ipv4`] and the engine checks all
+//! 32 bits of the ICRC. One that cannot (a plain UDP socket) leaves it `None`, and the engine
+//! recovers the Identification from the ICRC by linearity, taking DF as set
+//! ([`roce_wire::icrc::Ipv4IdentChecker`]).
+//!
+//! # Residual risk without the IP header (`udp` over IPv4, unprivileged)
+//!
+//! That check is **weaker than a NIC's**: a corrupted IPv4 packet is accepted with probability
+//! up to 2^-16 (the first packet from a peer), about 2^-23.7 for a packet of an active flow
+//! from a peer whose Identifications change (rdma_rxe), and 2^-32 (the full check) from a peer
+//! that always sends Identification 0 (rocectl, and the `udp` backend's own raw receive
+//! socket when it has `CAP_NET_RAW`, see [`udp`]). IPv6 has no hidden field: always 2^-32.
+//! The exact table is in the checker's docs; `wire/tests/ident_check.rs` measures it.
 
 use std::fmt;
 use std::io::{self, IoSliceMut};
@@ -92,8 +102,8 @@ pub struct RxMeta {
     pub dst: SocketAddr,
     /// IPv4 TOS / IPv6 traffic class (ECN in the low two bits); 0 when unknown.
     pub tos: u8,
-    /// IPv4 Identification and DF when the backend saw the IP header (`raw`, `sim`); `None`
-    /// from a UDP socket.
+    /// IPv4 Identification and DF when the backend saw the IP header (`raw`, `sim`, `udp` with
+    /// raw receive); `None` from a plain UDP socket.
     pub ipv4: Option<Ipv4Info>,
 }
 
@@ -113,6 +123,18 @@ impl RxMeta {
             ipv4: None,
         }
     }
+}
+
+/// Datagrams a backend lost on receive before handing them over, counted since it opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RxDrops {
+    /// Dropped by the kernel for our socket instead of being queued (receive buffer full; for
+    /// `udp` also a bad UDP checksum): `udp` reads the socket's `sk_drops`.
+    pub kernel: u64,
+    /// Received but discarded by the backend as malformed: larger than the receive buffer
+    /// (`MSG_TRUNC`; no valid RoCEv2 packet is that large), or IP/UDP headers the backend
+    /// parsed and rejected (bad lengths, checksums, GSO it cannot split).
+    pub malformed: u64,
 }
 
 /// What a backend can do.
@@ -160,6 +182,13 @@ pub trait Datapath: Send + fmt::Debug {
     /// A descriptor that becomes readable when [`Datapath::recv`] may return data (register it
     /// with mio/epoll). `None`: the caller must poll.
     fn readiness_fd(&self) -> Option<RawFd>;
+
+    /// Receive-side losses the engine never saw, for the device counters (a backend that
+    /// loses nothing unseen keeps the default: none). May make a system call: call it when
+    /// counters are read, not per packet.
+    fn rx_drops(&mut self) -> RxDrops {
+        RxDrops::default()
+    }
 
     /// How long from now until the backend will have work without the descriptor becoming
     /// readable (a delayed packet of a fault injector, a neighbour-resolution timer); zero if

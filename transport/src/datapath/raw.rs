@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Socket, Type};
 
-use super::{Datapath, DatapathCaps, Ipv4Info, RxMeta, TxDatagram};
+use super::{Datapath, DatapathCaps, Ipv4Info, RxDrops, RxMeta, TxDatagram};
 use crate::error::OpenError;
 
 mod codec;
@@ -797,6 +797,24 @@ impl Datapath for RawDatapath {
 
     fn readiness_fd(&self) -> Option<RawFd> {
         Some(self.sock.as_raw_fd())
+    }
+
+    /// `kernel`: the packet socket's `PACKET_STATISTICS` drops (all frames it was offered,
+    /// ARP and neighbour discovery included); `malformed`: frames to our UDP port discarded
+    /// here for their IP/UDP headers or size (frames for another address are not ours and
+    /// not counted).
+    fn rx_drops(&mut self) -> RxDrops {
+        let s = self.stats();
+        RxDrops {
+            kernel: s.rx_kernel_drops,
+            malformed: s.rx_truncated
+                + s.rx_bad_ip
+                + s.rx_fragments
+                + s.rx_bad_udp_len
+                + s.rx_bad_checksum
+                + s.rx_bad_gso
+                + s.rx_too_big,
+        }
     }
 
     fn next_wakeup(&self) -> Option<Duration> {

@@ -32,6 +32,29 @@
 //!   `IPV6_TCLASS` (`IP_TTL` / `IPV6_HOPLIMIT`) control message. Received TOS / traffic class
 //!   (and so ECN CE) come from `IP_RECVTOS` / `IPV6_RECVTCLASS`. The IPv6 flow label is left
 //!   to the kernel (the ICRC masks it).
+//! - **The IPv4 receive check, and raw receive.** A UDP socket does not show the IP header,
+//!   whose Identification the ICRC covers. So, for an IPv4 address that is not loopback and
+//!   when the process may (`CAP_NET_RAW`; [`UdpOptions::raw_receive`], on by default),
+//!   datagrams are received through a raw IPv4 socket bound to the address, with a classic BPF
+//!   filter for our port; the UDP socket stays bound (it sends, and holds the port so that no
+//!   ICMP port-unreachable goes out) with a drop-all filter, as the `raw` backend's guard
+//!   socket. The engine then checks all 32 bits of the ICRC ([`DatapathCaps::sees_ip_header`],
+//!   [`UdpDatapath::raw_receive`]). Costs: one copy of each payload down by its 28 header bytes,
+//!   no GRO, and the UDP socket's filter drops show in `nstat` as `UdpInErrors`. Loopback
+//!   addresses keep the UDP socket: GSO messages reach a raw socket there as one large packet.
+//!   Without raw receive, the engine recovers the Identification from the ICRC and holds each
+//!   peer to the Identifications it has been sending ([`roce_wire::icrc::Ipv4IdentChecker`]):
+//!   a corrupted packet then gets through with probability 2^-32 from a peer that sends
+//!   Identification 0 (rocectl), about 2^-23.7 from rdma_rxe during a flow, and up to 2^-16
+//!   for a peer's first packet; see [`super`] for the summary and the checker for the table.
+//!   `tests/udp_raw_receive.rs` shows a packet with a wrong Identification caught with raw
+//!   receive and accepted without.
+//! - **IPv6 zero UDP checksums accepted** (`UDP_NO_CHECK6_RX`): rdma_rxe sends IPv6 UDP with
+//!   checksum 0 (as it does IPv4), which plain IPv6 UDP forbids, so the kernel would drop
+//!   every rxe packet before our socket. The ICRC covers the whole packet, so nothing is lost.
+//!   We still *send* a real checksum (the kernel's default; offloaded, and every receiver
+//!   accepts it, including rxe, whose tunnel socket takes both), so middleboxes that insist on
+//!   IPv6 UDP checksums pass our traffic. `tests/udp_ipv6_checksum.rs` checks both directions.
 //! - **No `IP_RECVERR`**: on an unconnected socket ICMP errors are then not reported at all
 //!   (with it, they would come back as errors of later sends and receives); an unreachable
 //!   peer shows up as RC retries running out, like on a NIC.
@@ -47,9 +70,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::os::fd::{AsRawFd, RawFd};
 use std::ptr;
 
-use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use socket2::{Domain, Protocol, SockAddr, SockFilter, Socket, Type};
 
-use super::{Datapath, DatapathCaps, RxMeta, TxDatagram};
+use super::{Datapath, DatapathCaps, RxDrops, RxMeta, TxDatagram};
 use crate::error::OpenError;
 
 /// Most datagrams one GSO message carries (`UDP_MAX_SEGMENTS` in older kernels).
@@ -74,6 +97,17 @@ const MAX_UDP_PAYLOAD_V6: usize = 65_535 - UDP_HEADER;
 const RECV_ROUNDS: usize = 4;
 /// The MTU assumed when the interface of the local address cannot be found.
 const FALLBACK_MTU: usize = 1_500;
+/// `SO_RXQ_OVFL` (asm-generic/socket.h; libc exports it for few Linux targets): every received
+/// message carries the socket's drop count (`sk_drops`) as a `u32` control message.
+#[cfg(not(any(target_arch = "sparc", target_arch = "sparc64")))]
+const SO_RXQ_OVFL: libc::c_int = 40;
+#[cfg(any(target_arch = "sparc", target_arch = "sparc64"))]
+const SO_RXQ_OVFL: libc::c_int = 0x0024;
+/// `SO_MEMINFO`: the socket's memory counters, `u32[SK_MEMINFO_VARS]`, `sk_drops` among them.
+#[cfg(not(any(target_arch = "sparc", target_arch = "sparc64")))]
+const SO_MEMINFO: libc::c_int = 55;
+#[cfg(any(target_arch = "sparc", target_arch = "sparc64"))]
+const SO_MEMINFO: libc::c_int = 0x0039;
 
 /// How to open a [`UdpDatapath`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +127,11 @@ pub struct UdpOptions {
     /// `SO_SNDBUF` and `SO_RCVBUF` asked for, in bytes (the kernel caps them at
     /// `net.core.wmem_max`/`rmem_max`; failure is ignored).
     pub socket_buffer: usize,
+    /// IPv4, not loopback: receive through a raw IP socket when the process may open one
+    /// (`CAP_NET_RAW`), so that the IP header, and with it the Identification the ICRC covers,
+    /// is seen and all 32 bits of the ICRC are checked (see the module docs). Falls back to
+    /// the plain UDP socket without the privilege.
+    pub raw_receive: bool,
 }
 
 impl Default for UdpOptions {
@@ -104,6 +143,7 @@ impl Default for UdpOptions {
             hop_limit: 64,
             batch: 64,
             socket_buffer: 8 << 20,
+            raw_receive: true,
         }
     }
 }
@@ -135,6 +175,16 @@ pub struct UdpStats {
     pub truncated: u64,
     /// Receives whose control messages were cut short (`MSG_CTRUNC`; TOS/stride may be lost).
     pub ctrl_truncated: u64,
+    /// Datagrams the kernel dropped for this socket instead of queueing them (receive buffer
+    /// full, bad UDP checksum): the socket's `sk_drops`, read from the `SO_RXQ_OVFL` control
+    /// message of each receive and from `SO_MEMINFO` when [`Datapath::rx_drops`] asks. The
+    /// control message carries the count as it was when that datagram was *queued*, so drops
+    /// behind the last queued datagram show only with the next one or `rx_drops`. With raw
+    /// receive, the raw socket's.
+    pub kernel_drops: u64,
+    /// Raw receive: datagrams whose IP/UDP headers were inconsistent (dropped; the kernel's
+    /// UDP layer would have dropped them too).
+    pub raw_malformed: u64,
 }
 
 /// Why a [`UdpDatapath`] could not be opened.
@@ -225,6 +275,9 @@ impl From<UdpError> for OpenError {
 /// RoCEv2 over a kernel UDP socket; see the module docs.
 pub struct UdpDatapath {
     socket: Socket,
+    /// The raw IPv4 socket datagrams are received through (raw receive), if open; the UDP
+    /// socket then only sends and keeps the port (its drop-all filter queues nothing).
+    raw: Option<Socket>,
     local: SocketAddr,
     opts: UdpOptions,
     /// Name of the interface that owns the local address, if found.
@@ -234,6 +287,8 @@ pub struct UdpDatapath {
     gso_segments: usize,
     gro_segments: usize,
     stats: UdpStats,
+    /// The kernel's last `sk_drops` (a wrapping `u32`) folded into `stats.kernel_drops`.
+    sk_drops: u32,
     msgs: Msgs,
 }
 
@@ -302,6 +357,11 @@ impl UdpDatapath {
             .map_err(io_err("set IPV6_MTU_DISCOVER"))?;
             setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1)
                 .map_err(io_err("set IPV6_DONTFRAG"))?;
+            // rdma_rxe (and RoCE NICs) send IPv6 UDP with checksum 0; without this the kernel
+            // drops those datagrams before the socket (Udp6InCsumErrors). The ICRC protects
+            // the packet instead.
+            setsockopt_int(fd, libc::SOL_UDP, libc::UDP_NO_CHECK6_RX, 1)
+                .map_err(io_err("set UDP_NO_CHECK6_RX"))?;
             socket
                 .set_recv_tclass_v6(true)
                 .map_err(io_err("set IPV6_RECVTCLASS"))?;
@@ -346,12 +406,22 @@ impl UdpDatapath {
         } else {
             1
         };
-        let gro_segments =
-            if opts.gro && setsockopt_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok() {
-                GRO_MAX_SEGMENTS
-            } else {
-                1
-            };
+        let raw = if v4 && opts.raw_receive && !bound.ip().is_loopback() {
+            open_raw_receive(&socket, bound, opts.socket_buffer)
+        } else {
+            None
+        };
+        // No GRO with raw receive: the raw socket would see the coalesced datagrams as one.
+        let gro_segments = if raw.is_none()
+            && opts.gro
+            && setsockopt_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok()
+        {
+            GRO_MAX_SEGMENTS
+        } else {
+            1
+        };
+        // The kernel's drop count with every receive (Linux 2.6.33+).
+        setsockopt_int(fd, libc::SOL_SOCKET, SO_RXQ_OVFL, 1).map_err(io_err("set SO_RXQ_OVFL"))?;
         let interface = interface_of(bound.ip());
         let ip_mtu = interface
             .as_deref()
@@ -360,6 +430,7 @@ impl UdpDatapath {
         let batch = opts.batch.clamp(1, MAX_BATCH);
         Ok(Self {
             socket,
+            raw,
             local: bound,
             opts: UdpOptions { batch, ..opts },
             interface,
@@ -367,6 +438,7 @@ impl UdpDatapath {
             gso_segments,
             gro_segments,
             stats: UdpStats::default(),
+            sk_drops: 0,
             msgs: Msgs::new(batch, v4),
         })
     }
@@ -389,6 +461,23 @@ impl UdpDatapath {
     /// The socket, for reading options (buffer sizes) or registering elsewhere.
     pub fn socket(&self) -> &Socket {
         &self.socket
+    }
+
+    /// Whether datagrams come in through a raw IP socket that shows their IP header (see
+    /// [`UdpOptions::raw_receive`]).
+    pub fn raw_receive(&self) -> bool {
+        self.raw.is_some()
+    }
+
+    /// The descriptor datagrams are received from.
+    fn rx_fd(&self) -> RawFd {
+        self.raw.as_ref().unwrap_or(&self.socket).as_raw_fd()
+    }
+
+    /// Folds the kernel's cumulative drop count `now` into [`UdpStats::kernel_drops`].
+    fn note_sk_drops(&mut self, now: u32) {
+        self.stats.kernel_drops += u64::from(now.wrapping_sub(self.sk_drops));
+        self.sk_drops = now;
     }
 
     /// Whether `d` may share a GSO message: IPv6, or IPv4 to a loopback address.
@@ -552,7 +641,7 @@ impl Datapath for UdpDatapath {
             max_gso_segments: self.gso_segments,
             gro_segments: self.gro_segments,
             fixed_source_port: Some(self.local.port()),
-            sees_ip_header: false,
+            sees_ip_header: self.raw.is_some(),
         }
     }
 
@@ -590,10 +679,9 @@ impl Datapath for UdpDatapath {
             return Ok(0);
         }
         // A few rounds at most: a flood of oversized datagrams must not keep us here.
+        let fd = self.rx_fd();
         for _ in 0..RECV_ROUNDS {
-            let got = self
-                .msgs
-                .recvmmsg(self.socket.as_raw_fd(), &mut bufs[..n])?;
+            let got = self.msgs.recvmmsg(fd, &mut bufs[..n])?;
             self.stats.recv_calls += 1;
             let mut out = 0;
             for i in 0..got {
@@ -615,7 +703,24 @@ impl Datapath for UdpDatapath {
                     };
                     dst.copy_from_slice(&back[0][..len]);
                 }
-                let (tos, gro) = self.msgs.rx_ctrl(i);
+                let (tos, gro, drops) = self.msgs.rx_ctrl(i);
+                if let Some(d) = drops {
+                    self.note_sk_drops(d);
+                }
+                if self.raw.is_some() {
+                    // An IPv4 packet: strip its headers, keep what they say.
+                    match strip_ipv4_udp(&mut bufs[out][..len], self.local.port()) {
+                        Some(m) => meta[out] = m,
+                        None => {
+                            self.stats.raw_malformed += 1;
+                            continue;
+                        }
+                    }
+                    self.stats.rx_messages += 1;
+                    self.stats.rx_datagrams += 1;
+                    out += 1;
+                    continue;
+                }
                 let stride = match gro {
                     Some(s) if s > 0 && s < len => s,
                     _ => len,
@@ -648,7 +753,20 @@ impl Datapath for UdpDatapath {
     }
 
     fn readiness_fd(&self) -> Option<RawFd> {
-        Some(self.socket.as_raw_fd())
+        Some(self.rx_fd())
+    }
+
+    /// `kernel`: the socket's `sk_drops` now (`SO_MEMINFO`; if that fails, as of the last
+    /// receive's `SO_RXQ_OVFL`). `malformed`: [`UdpStats::truncated`] and
+    /// [`UdpStats::raw_malformed`].
+    fn rx_drops(&mut self) -> RxDrops {
+        if let Some(now) = sk_drops(self.rx_fd()) {
+            self.note_sk_drops(now);
+        }
+        RxDrops {
+            kernel: self.stats.kernel_drops,
+            malformed: self.stats.truncated + self.stats.raw_malformed,
+        }
     }
 }
 
@@ -862,12 +980,14 @@ impl Msgs {
         }
     }
 
-    /// TOS / traffic class and GRO segment size from received message `i`'s control data.
-    fn rx_ctrl(&self, i: usize) -> (u8, Option<usize>) {
+    /// TOS / traffic class, GRO segment size and the kernel's drop count from received
+    /// message `i`'s control data.
+    fn rx_ctrl(&self, i: usize) -> (u8, Option<usize>, Option<u32>) {
         #[allow(clippy::unnecessary_cast)] // size_t with glibc, socklen_t with musl
         let len = (self.hdrs[i].msg_hdr.msg_controllen as usize).min(CTRL_LEN);
         let mut tos = 0;
         let mut gro = None;
+        let mut drops = None;
         for (level, ty, data) in CmsgIter::new(&self.ctrls[i].0[..len]) {
             match (level, ty) {
                 (libc::IPPROTO_IP, libc::IP_TOS) | (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
@@ -881,10 +1001,13 @@ impl Msgs {
                 (libc::SOL_UDP, libc::UDP_GRO) => {
                     gro = cmsg_int(data).and_then(|v| usize::try_from(v).ok());
                 }
+                (libc::SOL_SOCKET, SO_RXQ_OVFL) => {
+                    drops = cmsg_int(data).map(|v| v as u32);
+                }
                 _ => {}
             }
         }
-        (tos, gro)
+        (tos, gro, drops)
     }
 }
 
@@ -1037,6 +1160,123 @@ fn setsockopt_int(
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Opens the raw receive socket for `local` (IPv4, not loopback): a raw IPv4 socket for UDP,
+/// bound to the address, with a filter that keeps datagrams to `local`'s port (first
+/// fragments only; the kernel has reassembled before raw delivery), non-blocking, with the
+/// receive buffer asked for and `SO_RXQ_OVFL`. Then gives the UDP socket a drop-all filter:
+/// it stays bound (it sends, and holds the port, so no ICMP port-unreachable goes out) but
+/// queues nothing. `None` when any step fails (no `CAP_NET_RAW`): the UDP socket is left as
+/// it was.
+fn open_raw_receive(udp: &Socket, local: SocketAddr, buffer: usize) -> Option<Socket> {
+    let raw = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::UDP)).ok()?;
+    raw.attach_filter(&raw_receive_filter(local.port())).ok()?;
+    raw.bind(&SockAddr::from(SocketAddr::new(local.ip(), 0)))
+        .ok()?;
+    raw.set_nonblocking(true).ok()?;
+    let _ = raw.set_recv_buffer_size(buffer);
+    setsockopt_int(raw.as_raw_fd(), libc::SOL_SOCKET, SO_RXQ_OVFL, 1).ok()?;
+    let drop_all = [SockFilter::new(
+        (libc::BPF_RET | libc::BPF_K) as u16,
+        0,
+        0,
+        0,
+    )];
+    udp.attach_filter(&drop_all).ok()?;
+    Some(raw)
+}
+
+/// Classic BPF over an IPv4 packet (a raw socket's data starts at the IP header): keep it if
+/// it is not a non-first fragment and its UDP destination port is `port`.
+fn raw_receive_filter(port: u16) -> [SockFilter; 7] {
+    let op = |code: u32| code as u16;
+    // Jump offsets count from the next instruction.
+    [
+        /* 0 */ SockFilter::new(op(libc::BPF_LD | libc::BPF_H | libc::BPF_ABS), 0, 0, 6),
+        /* 1: non-first fragment -> 6 */
+        SockFilter::new(
+            op(libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K),
+            4,
+            0,
+            0x1FFF,
+        ),
+        /* 2: X = IP header length */
+        SockFilter::new(op(libc::BPF_LDX | libc::BPF_B | libc::BPF_MSH), 0, 0, 0),
+        /* 3: UDP destination port */
+        SockFilter::new(op(libc::BPF_LD | libc::BPF_H | libc::BPF_IND), 0, 0, 2),
+        /* 4: ours -> 5, else 6 */
+        SockFilter::new(
+            op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K),
+            0,
+            1,
+            port.into(),
+        ),
+        /* 5: keep (up to 256 KiB) */
+        SockFilter::new(op(libc::BPF_RET | libc::BPF_K), 0, 0, 0x0004_0000),
+        /* 6: drop */
+        SockFilter::new(op(libc::BPF_RET | libc::BPF_K), 0, 0, 0),
+    ]
+}
+
+/// Turns a received IPv4 packet (IP header .. end) into its UDP payload in place, and says
+/// what the headers held; `None` if they are inconsistent (not IPv4/UDP, lengths that do not
+/// add up, another destination port).
+fn strip_ipv4_udp(buf: &mut [u8], port: u16) -> Option<RxMeta> {
+    let ihl = usize::from(*buf.first()? & 0x0F) * 4;
+    if buf[0] >> 4 != 4 || ihl < IPV4_HEADER || buf.len() < ihl + UDP_HEADER || buf[9] != 17 {
+        return None;
+    }
+    let total = usize::from(u16::from_be_bytes([buf[2], buf[3]]));
+    let udp_len = usize::from(u16::from_be_bytes([buf[ihl + 4], buf[ihl + 5]]));
+    if total != buf.len() || udp_len != total - ihl || udp_len < UDP_HEADER {
+        return None;
+    }
+    let sport = u16::from_be_bytes([buf[ihl], buf[ihl + 1]]);
+    let dport = u16::from_be_bytes([buf[ihl + 2], buf[ihl + 3]]);
+    if dport != port {
+        return None;
+    }
+    let ip = |at: usize| Ipv4Addr::new(buf[at], buf[at + 1], buf[at + 2], buf[at + 3]);
+    let (src, dst) = (ip(12), ip(16));
+    let flags = u16::from_be_bytes([buf[6], buf[7]]);
+    // IP options (IHL > 5) are covered by the ICRC; the engine rebuilds a 20-byte header, so
+    // such a packet fails the check (rxe assumes no options either).
+    let info = super::Ipv4Info {
+        ident: u16::from_be_bytes([buf[4], buf[5]]),
+        dont_fragment: flags & 0x4000 != 0,
+    };
+    let tos = buf[1];
+    let payload = udp_len - UDP_HEADER;
+    buf.copy_within(ihl + UDP_HEADER..total, 0);
+    Some(RxMeta {
+        len: payload,
+        stride: payload,
+        src: SocketAddr::V4(SocketAddrV4::new(src, sport)),
+        dst: SocketAddr::V4(SocketAddrV4::new(dst, dport)),
+        tos,
+        ipv4: Some(info),
+    })
+}
+
+/// The socket's drop count (`sk_drops`, from `SO_MEMINFO`), if the kernel reports it.
+fn sk_drops(fd: RawFd) -> Option<u32> {
+    let mut info = [0u32; libc::SK_MEMINFO_DROPS as usize + 1];
+    let mut len = size_of_val(&info) as libc::socklen_t;
+    #[allow(unsafe_code)]
+    // SAFETY: passes a live, exclusively borrowed u32 array and its exact size; the kernel
+    // writes at most `len` bytes and stores the length it wrote.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_MEMINFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    let need = (libc::SK_MEMINFO_DROPS as usize + 1) * size_of::<u32>();
+    (r == 0 && len as usize >= need).then_some(info[libc::SK_MEMINFO_DROPS as usize])
 }
 
 /// Whether the kernel takes `UDP_SEGMENT` (Linux 4.18+). Probes with the socket option and

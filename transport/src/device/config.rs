@@ -69,8 +69,10 @@ pub struct DeviceConfig {
     /// A capture file shared with other devices (one pcap of several devices' traffic);
     /// takes precedence over `pcap`.
     pub capture: Option<CaptureFile>,
-    /// Seed for memory keys and initial PSNs.
-    pub seed: u64,
+    /// Seed for memory keys, initial PSNs and QPNs. `None` (the default): drawn from the
+    /// operating system's random source, different on every open; set it only where a test
+    /// needs identical runs (see [`DeviceConfig::seed`]).
+    pub seed: Option<u64>,
     /// Memory-region table capacity.
     pub max_mr: u32,
     /// The clock the engine reads. Default: the `sim` network's clock on a `sim` backend, the
@@ -89,7 +91,7 @@ impl DeviceConfig {
             progress: Progress::Thread,
             pcap: None,
             capture: None,
-            seed: 0x5EED_0000_0001,
+            seed: None,
             max_mr: 1 << 16,
             clock: None,
         }
@@ -147,9 +149,11 @@ impl DeviceConfig {
         self
     }
 
-    /// Sets the seed.
+    /// Makes memory keys, initial PSNs (`Device::random_psn`) and QPNs deterministic: two
+    /// devices opened with the same seed draw the same numbers in the same order. For tests
+    /// only: predictable keys, PSNs and QPNs let an off-path attacker inject packets.
     pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = seed;
+        self.seed = Some(seed);
         self
     }
 }

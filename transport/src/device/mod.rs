@@ -12,7 +12,7 @@ mod thread;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -31,6 +31,7 @@ use crate::cq::AsyncEvent;
 use crate::datapath::Datapath;
 use crate::engine::Engine;
 use crate::error::OpenError;
+use crate::ids::Ids;
 use crate::netdev::NetDevice;
 use crate::sys::lock;
 use thread::{run_thread, DATAPATH, WAKER};
@@ -47,10 +48,9 @@ pub(crate) struct DeviceShared {
     pub(crate) gids: Vec<Gid>,
     pub(crate) mac: [u8; 6],
     netdev: Option<String>,
-    next_qpn: AtomicU32,
+    /// Random source for PSNs and the QPN allocator (see `ids.rs`).
+    ids: Mutex<Ids>,
     next_iova: AtomicU64,
-    pub(crate) seed: u64,
-    psn_counter: AtomicU64,
     backend: &'static str,
     local: SocketAddr,
     ip_mtu: usize,
@@ -169,9 +169,11 @@ impl Device {
             None => None,
         };
         let fd = engine.datapath().readiness_fd();
+        let mut ids = Ids::new(config.seed).map_err(OpenError::Io)?;
+        let table_seed = ids.next_u64();
         let shared = Arc::new(DeviceShared {
             name: config.name,
-            table: Arc::new(MrTable::new(config.max_mr, config.seed)),
+            table: Arc::new(MrTable::new(config.max_mr, table_seed)),
             engine: Mutex::new(engine),
             waker,
             stop: AtomicBool::new(false),
@@ -181,10 +183,8 @@ impl Device {
             gids,
             mac,
             netdev: netdev.map(|n| n.name),
-            next_qpn: AtomicU32::new(0x11),
+            ids: Mutex::new(ids),
             next_iova: AtomicU64::new(0x7F00_0000_0000),
-            seed: config.seed,
-            psn_counter: AtomicU64::new(0),
             backend,
             local,
             ip_mtu: caps.ip_mtu,
@@ -235,14 +235,17 @@ impl Device {
 
     /// Device and QP counters, summed.
     pub fn counters(&self) -> Counters {
-        let e = self.lock_engine();
+        let mut e = self.lock_engine();
+        e.refresh_rx_drops();
         let live: Vec<_> = e.ep.qps.values().map(|s| s.qp.stats()).collect();
         Counters::collect(&e.ep.counters, live.iter().chain(e.ep.retired.iter()))
     }
 
     /// Device-level counters only.
     pub fn device_counters(&self) -> DeviceCounters {
-        self.lock_engine().ep.counters
+        let mut e = self.lock_engine();
+        e.refresh_rx_drops();
+        e.ep.counters
     }
 
     /// The last error the engine met that no call returned (a send to an unreachable
@@ -333,11 +336,15 @@ impl Device {
         }
     }
 
-    /// A fresh QPN.
-    pub(crate) fn alloc_qpn(&self) -> u32 {
-        let n = self.shared().next_qpn.fetch_add(1, Ordering::Relaxed);
-        // Skip 0 and 1 (SMI/GSI) after a wrap.
-        0x11 + (n - 0x11) % (0x00FF_FFFF - 0x11)
+    /// A fresh random QPN, unique among live QPs and not recently used (`None`: every QPN
+    /// is live).
+    pub(crate) fn alloc_qpn(&self) -> Option<u32> {
+        lock(&self.shared().ids).alloc_qpn()
+    }
+
+    /// Returns the QPN of a destroyed QP.
+    pub(crate) fn free_qpn(&self, qpn: u32) {
+        lock(&self.shared().ids).free_qpn(qpn);
     }
 
     /// A fresh, 4 KiB-aligned IOVA range for `len` bytes.
@@ -348,14 +355,10 @@ impl Device {
             .fetch_add(span + 0x1000, Ordering::Relaxed)
     }
 
-    /// A pseudo-random initial PSN (24 bits), from the seed.
+    /// A random initial PSN (24 bits): from the OS-seeded generator, or from
+    /// [`DeviceConfig::seed`] when one was given.
     pub fn random_psn(&self) -> u32 {
-        let n = self.shared().psn_counter.fetch_add(1, Ordering::Relaxed);
-        let mut x = self.shared().seed ^ (n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        x ^= x >> 31;
-        x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x ^= x >> 29;
-        (x as u32) & 0x00FF_FFFF
+        lock(&self.shared().ids).psn()
     }
 }
 

@@ -29,6 +29,9 @@
 //!   a leaf: taken under the engine lock while a batch is offered, and released before the
 //!   injector calls the datapath it wraps (so never held with the sim lock).
 //!
+//! The QPN allocator's `Mutex` (`DeviceShared::ids`) is a leaf too: taken alone by
+//! `create_qp` and `random_psn`, and under the engine lock when a QP is dropped.
+//!
 //! The key table's per-slot locks (`roce_mr`) are leaves taken under the engine lock while a
 //! QP touches memory, and by MR reads/writes alone. No lock is held across a syscall that can
 //! block: sends and receives are non-blocking, and both the engine thread and

@@ -31,7 +31,12 @@ impl ProtectionDomain {
                 return Err(VerbsError::WrongDevice("SRQ of another device"));
             }
         }
-        let qpn = dev.alloc_qpn();
+        let qpn = dev.alloc_qpn().ok_or_else(|| {
+            VerbsError::Io(std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                "every QPN is in use",
+            ))
+        })?;
         let mem = Mem::new(dev.shared().table.clone(), self.inner.pd);
         let mut qp = roce_qp::QueuePair::new(
             Qpn::new(qpn),
@@ -348,6 +353,7 @@ impl Drop for QueuePair {
     fn drop(&mut self) {
         let mut e = self.dev().lock_engine();
         e.remove(self.qpn.value());
+        self.dev().free_qpn(self.qpn.value());
         // Packets already built (a deferred final ACK) still go out: the peer is waiting.
         if e.tx_waiting() {
             e.kick();

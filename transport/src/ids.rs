@@ -1,0 +1,194 @@
+//! Where a device's unpredictable numbers come from: the seeds of its memory-key table, initial
+//! PSNs and queue-pair numbers.
+//!
+//! Off-path injection against a RoCE device needs the destination QPN, a PSN inside the
+//! receive window and, for RDMA, an rkey (ReDMArk, USENIX Security 2021). So none of them is
+//! derived from a constant: by default a device seeds a ChaCha12 generator ([`StdRng`]) from
+//! the operating system ([`SysRng`], `getrandom(2)`), and every rkey seed, PSN and QPN is drawn
+//! from it. A test that wants identical runs asks for [`crate::DeviceConfig::seed`]; the
+//! generator is then seeded from that value and two devices with the same seed draw the same
+//! numbers in the same order.
+//!
+//! QPNs are drawn at random from `MIN_QPN..=MAX_QPN` (24 bits, never 0/1, which are SMI/GSI,
+//! nor the multicast QPN 0xFF_FFFF), unique among the live QPs, and a freed QPN is not handed
+//! out again until [`QUARANTINE`] later QPs have been destroyed, so a stale packet or a late
+//! peer of a destroyed QP does not land in its successor.
+
+use std::collections::{HashSet, VecDeque};
+use std::io;
+
+use rand::rngs::{StdRng, SysRng};
+use rand::{Rng, SeedableRng};
+
+/// Lowest QPN handed out (rxe's `RXE_MIN_QP_INDEX`: the low numbers are special QPs).
+pub(crate) const MIN_QPN: u32 = 0x10;
+/// Highest QPN handed out (0xFF_FFFF is the multicast QPN).
+pub(crate) const MAX_QPN: u32 = 0x00FF_FFFE;
+/// How many recently freed QPNs are kept out of circulation.
+pub(crate) const QUARANTINE: usize = 4_096;
+/// Random draws before falling back to a scan (only a nearly full space needs it).
+const DRAWS: usize = 64;
+
+/// A device's random source and its QPN allocator.
+#[derive(Debug)]
+pub(crate) struct Ids {
+    rng: StdRng,
+    /// The QPN range (`MIN_QPN..=MAX_QPN`; tests shrink it).
+    min: u32,
+    max: u32,
+    live: HashSet<u32>,
+    /// Recently freed QPNs, oldest first, and the same as a set.
+    recent: VecDeque<u32>,
+    recent_set: HashSet<u32>,
+}
+
+impl Ids {
+    /// Seeded from `seed` when given, else from the operating system.
+    ///
+    /// # Errors
+    /// The operating system's random source failed (only in early boot or a sandbox without
+    /// `getrandom(2)`).
+    pub(crate) fn new(seed: Option<u64>) -> io::Result<Self> {
+        let rng = match seed {
+            Some(s) => StdRng::seed_from_u64(s),
+            None => StdRng::try_from_rng(&mut SysRng).map_err(|e| {
+                io::Error::other(format!("the OS random source (getrandom) failed: {e}"))
+            })?,
+        };
+        Ok(Self {
+            rng,
+            min: MIN_QPN,
+            max: MAX_QPN,
+            live: HashSet::new(),
+            recent: VecDeque::new(),
+            recent_set: HashSet::new(),
+        })
+    }
+
+    /// 64 random bits (the key table's seed).
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.rng.next_u64()
+    }
+
+    /// A random 24-bit PSN.
+    pub(crate) fn psn(&mut self) -> u32 {
+        self.rng.next_u32() & 0x00FF_FFFF
+    }
+
+    /// A QPN no live QP has and no recently destroyed QP had; `None` only when every QPN is
+    /// live.
+    pub(crate) fn alloc_qpn(&mut self) -> Option<u32> {
+        let (min, span) = (self.min, self.max - self.min + 1);
+        let free = |ids: &Self, q: u32| !ids.live.contains(&q) && !ids.recent_set.contains(&q);
+        let mut pick = None;
+        for _ in 0..DRAWS {
+            let q = min + self.rng.next_u32() % span;
+            if free(self, q) {
+                pick = Some(q);
+                break;
+            }
+        }
+        if pick.is_none() {
+            // Nearly full: scan from a random point.
+            let start = self.rng.next_u32() % span;
+            pick = (0..span)
+                .map(|i| min + (start + i) % span)
+                .find(|&q| free(self, q));
+        }
+        if pick.is_none() {
+            // Everything not live is quarantined: reuse the oldest.
+            pick = self.recent.pop_front();
+            if let Some(q) = pick {
+                self.recent_set.remove(&q);
+            }
+        }
+        let q = pick?;
+        self.live.insert(q);
+        Some(q)
+    }
+
+    /// Returns a QPN; it stays out of circulation for the next [`QUARANTINE`] frees.
+    pub(crate) fn free_qpn(&mut self, qpn: u32) {
+        if !self.live.remove(&qpn) {
+            return;
+        }
+        if self.recent.len() == QUARANTINE {
+            if let Some(old) = self.recent.pop_front() {
+                self.recent_set.remove(&old);
+            }
+        }
+        self.recent.push_back(qpn);
+        self.recent_set.insert(qpn);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_same_numbers_os_seed_different() {
+        let draw = |ids: &mut Ids| {
+            (
+                ids.next_u64(),
+                ids.psn(),
+                (0..4).map(|_| ids.alloc_qpn().unwrap()).collect::<Vec<_>>(),
+            )
+        };
+        let (mut a, mut b) = (Ids::new(Some(7)).unwrap(), Ids::new(Some(7)).unwrap());
+        assert_eq!(draw(&mut a), draw(&mut b));
+        let (mut c, mut d) = (Ids::new(None).unwrap(), Ids::new(None).unwrap());
+        let (c, d) = (draw(&mut c), draw(&mut d));
+        // 64 + 24 + 4 x 24 random bits: equal only if the OS source is broken.
+        assert_ne!(c.0, d.0);
+        assert_ne!(c.1, d.1);
+        assert_ne!(c.2, d.2);
+    }
+
+    #[test]
+    fn qpns_are_in_range_unique_and_not_soon_reused() {
+        let mut ids = Ids::new(Some(1)).unwrap();
+        let mut live = Vec::new();
+        let mut freed: VecDeque<u32> = VecDeque::new();
+        let mut seq = 0usize;
+        for round in 0..50_000u32 {
+            if live.len() < 300 || round % 3 == 0 {
+                let q = ids.alloc_qpn().unwrap();
+                assert!((MIN_QPN..=MAX_QPN).contains(&q), "{q:#x}");
+                assert!(!live.contains(&q), "{q:#x} is live");
+                assert!(!freed.contains(&q), "{q:#x} was freed recently");
+                live.push(q);
+            } else {
+                // Free a pseudo-random live one.
+                seq = seq.wrapping_mul(31).wrapping_add(round as usize);
+                let q = live.swap_remove(seq % live.len());
+                ids.free_qpn(q);
+                freed.push_back(q);
+                if freed.len() > QUARANTINE {
+                    freed.pop_front();
+                }
+            }
+        }
+        // Not sequential: consecutive allocations are not neighbours.
+        let a: Vec<u32> = (0..100).map(|_| ids.alloc_qpn().unwrap()).collect();
+        let adjacent = a.windows(2).filter(|w| w[1] == w[0] + 1).count();
+        assert!(adjacent < 3, "{adjacent} sequential pairs in {a:x?}");
+    }
+
+    #[test]
+    fn a_full_space_scans_then_reuses_the_oldest_freed() {
+        let mut ids = Ids::new(Some(2)).unwrap();
+        // A small space, so that it fills: 0x10..=0x10F (256 QPNs).
+        ids.max = MIN_QPN + 255;
+        let mut got: Vec<u32> = (0..256).map(|_| ids.alloc_qpn().unwrap()).collect();
+        got.sort_unstable();
+        assert_eq!(got, (MIN_QPN..=MIN_QPN + 255).collect::<Vec<_>>());
+        assert_eq!(ids.alloc_qpn(), None);
+        ids.free_qpn(MIN_QPN + 9);
+        ids.free_qpn(MIN_QPN + 10);
+        ids.free_qpn(MIN_QPN + 10); // twice: ignored
+        assert_eq!(ids.alloc_qpn(), Some(MIN_QPN + 9));
+        assert_eq!(ids.alloc_qpn(), Some(MIN_QPN + 10));
+        assert_eq!(ids.alloc_qpn(), None);
+    }
+}

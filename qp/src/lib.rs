@@ -36,9 +36,11 @@
 mod mem;
 mod qp;
 mod rc;
+mod stats;
 mod time;
 mod timer;
 mod ud;
+mod wq;
 
 pub mod cq;
 pub mod state;

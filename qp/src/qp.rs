@@ -19,17 +19,20 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use roce_mr::Access;
-use roce_wire::{PKey, PacketRepr, Psn, Qpn};
+use roce_wire::{PKey, PacketRepr, Qpn};
 
 use crate::cq::SharedReceiveQueue;
 use crate::mem::Mem;
 use crate::state::{check_modify, AttrMask, ModifyError, QpAttr};
+pub use crate::stats::QpStats;
 use crate::time::Instant;
 use crate::timer::{Timer, TimerTable};
 use crate::verbs::{
     AddressHandle, Completion, CqSide, QpState, QpType, RecvWr, SendData, SendOp, SendWr, WcOpcode,
     WcStatus,
 };
+use crate::wq::RecvQueue;
+pub(crate) use crate::wq::SendWqe;
 
 /// Creation-time capacities of a QP (`struct ibv_qp_cap` plus our knobs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,186 +144,6 @@ impl RecvMeta {
             dgid,
             grh: [0; 40],
             ecn_ce: false,
-        }
-    }
-}
-
-/// Counters of one QP, in the spirit of `rdma statistic`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct QpStats {
-    /// Packets produced by `poll_transmit`.
-    pub tx_packets: u64,
-    /// Payload bytes in them.
-    pub tx_bytes: u64,
-    /// Packets accepted by `handle_packet`.
-    pub rx_packets: u64,
-    /// Payload bytes in them.
-    pub rx_bytes: u64,
-    /// Request packets sent again (go-back-N).
-    pub retransmitted_packets: u64,
-    /// ACK timeouts that fired.
-    pub timeouts: u64,
-    /// Sequence-error NAKs sent / received.
-    pub seq_naks_sent: u64,
-    /// Sequence-error NAKs received.
-    pub seq_naks_received: u64,
-    /// RNR NAKs sent.
-    pub rnr_naks_sent: u64,
-    /// RNR NAKs received.
-    pub rnr_naks_received: u64,
-    /// Fatal NAKs (invalid request, remote access, remote operational) sent.
-    pub fatal_naks_sent: u64,
-    /// Fatal NAKs received.
-    pub fatal_naks_received: u64,
-    /// NAKs sent by code: invalid request, remote access error, remote operational error.
-    pub naks_sent_by_code: [u64; 3],
-    /// NAKs received by code: invalid request, remote access error, remote operational error.
-    pub naks_received_by_code: [u64; 3],
-    /// Duplicate requests answered.
-    pub duplicate_requests: u64,
-    /// Packets dropped: wrong state.
-    pub drop_state: u64,
-    /// Packets dropped: P_Key mismatch.
-    pub drop_pkey: u64,
-    /// Packets dropped: Q_Key mismatch (UD).
-    pub drop_qkey: u64,
-    /// Packets dropped: opcode not valid for this QP type or out of sequence (UC/UD).
-    pub drop_opcode: u64,
-    /// Packets dropped: out-of-sequence PSN (after the one NAK) or stale response.
-    pub drop_psn: u64,
-    /// Packets dropped: malformed lengths.
-    pub drop_length: u64,
-    /// Packets dropped: no receive WR (UD, UC).
-    pub drop_no_recv: u64,
-    /// Packets dropped: wrong source address for a connected QP.
-    pub drop_address: u64,
-}
-
-impl core::ops::AddAssign<&Self> for QpStats {
-    /// Adds every counter of `other` (a device summing its QPs, live and destroyed).
-    fn add_assign(&mut self, other: &Self) {
-        let Self {
-            tx_packets,
-            tx_bytes,
-            rx_packets,
-            rx_bytes,
-            retransmitted_packets,
-            timeouts,
-            seq_naks_sent,
-            seq_naks_received,
-            rnr_naks_sent,
-            rnr_naks_received,
-            fatal_naks_sent,
-            fatal_naks_received,
-            naks_sent_by_code,
-            naks_received_by_code,
-            duplicate_requests,
-            drop_state,
-            drop_pkey,
-            drop_qkey,
-            drop_opcode,
-            drop_psn,
-            drop_length,
-            drop_no_recv,
-            drop_address,
-        } = other;
-        self.tx_packets += tx_packets;
-        self.tx_bytes += tx_bytes;
-        self.rx_packets += rx_packets;
-        self.rx_bytes += rx_bytes;
-        self.retransmitted_packets += retransmitted_packets;
-        self.timeouts += timeouts;
-        self.seq_naks_sent += seq_naks_sent;
-        self.seq_naks_received += seq_naks_received;
-        self.rnr_naks_sent += rnr_naks_sent;
-        self.rnr_naks_received += rnr_naks_received;
-        self.fatal_naks_sent += fatal_naks_sent;
-        self.fatal_naks_received += fatal_naks_received;
-        for i in 0..3 {
-            self.naks_sent_by_code[i] += naks_sent_by_code[i];
-            self.naks_received_by_code[i] += naks_received_by_code[i];
-        }
-        self.duplicate_requests += duplicate_requests;
-        self.drop_state += drop_state;
-        self.drop_pkey += drop_pkey;
-        self.drop_qkey += drop_qkey;
-        self.drop_opcode += drop_opcode;
-        self.drop_psn += drop_psn;
-        self.drop_length += drop_length;
-        self.drop_no_recv += drop_no_recv;
-        self.drop_address += drop_address;
-    }
-}
-
-impl QpStats {
-    /// Counts a fatal NAK sent with `code`.
-    pub(crate) fn nak_sent(&mut self, code: roce_wire::aeth::NakCode) {
-        self.fatal_naks_sent += 1;
-        if let Some(i) = fatal_index(code) {
-            self.naks_sent_by_code[i] += 1;
-        }
-    }
-
-    /// Counts a fatal NAK received with `code`.
-    pub(crate) fn nak_received(&mut self, code: roce_wire::aeth::NakCode) {
-        self.fatal_naks_received += 1;
-        if let Some(i) = fatal_index(code) {
-            self.naks_received_by_code[i] += 1;
-        }
-    }
-}
-
-const fn fatal_index(code: roce_wire::aeth::NakCode) -> Option<usize> {
-    use roce_wire::aeth::NakCode;
-    match code {
-        NakCode::InvalidRequest => Some(0),
-        NakCode::RemoteAccessError => Some(1),
-        NakCode::RemoteOperationalError => Some(2),
-        _ => None,
-    }
-}
-
-/// A send WR in the send queue, with its transmission state.
-#[derive(Clone, Debug)]
-pub(crate) struct SendWqe {
-    pub(crate) wr: SendWr,
-    pub(crate) len: u64,
-    /// PSN of the first packet, assigned when first transmitted.
-    pub(crate) first_psn: Option<Psn>,
-    /// Number of PSNs the WR consumes (READ: one per response packet).
-    pub(crate) npkts: u32,
-    /// READ: response packets received so far.
-    pub(crate) read_pkts_done: u32,
-    /// Whether every packet has been handed to the transport at least once.
-    pub(crate) all_sent: bool,
-    /// A local error found while sending it: the status it completes with.
-    pub(crate) error: Option<WcStatus>,
-}
-
-impl SendWqe {
-    pub(crate) fn last_psn(&self) -> Option<Psn> {
-        self.first_psn.map(|p| p.add(self.npkts.saturating_sub(1)))
-    }
-}
-
-/// Where received SENDs land.
-#[derive(Debug)]
-pub(crate) enum RecvQueue {
-    Own(VecDeque<RecvWr>),
-    Shared(Arc<SharedReceiveQueue>),
-}
-
-impl RecvQueue {
-    pub(crate) fn pop(&mut self) -> Option<RecvWr> {
-        match self {
-            Self::Own(q) => q.pop_front(),
-            Self::Shared(s) => s.pop(),
-        }
-    }
-    pub(crate) fn push_front(&mut self, wr: RecvWr) {
-        match self {
-            Self::Own(q) => q.push_front(wr),
-            Self::Shared(s) => s.push_front(wr),
         }
     }
 }
@@ -798,7 +621,7 @@ impl QueuePair {
                 "send queue over capacity"
             );
             // Assigned PSNs are consecutive along the send queue.
-            let mut prev: Option<Psn> = None;
+            let mut prev: Option<roce_wire::Psn> = None;
             for w in &self.sq {
                 match (prev, w.first_psn) {
                     (Some(p), Some(f)) => {

@@ -52,7 +52,7 @@ impl QueuePair {
     /// Whether `psn` lies in the window of sent-but-unacknowledged PSNs.
     fn psn_outstanding(&self, psn: Psn) -> bool {
         match self.una_psn() {
-            Some(una) => psn.diff(una) >= 0 && psn.diff(self.req.high_psn) < 0,
+            Some(una) => psn.in_window(una, self.req.high_psn),
             None => false,
         }
     }
@@ -61,24 +61,24 @@ impl QueuePair {
     /// Returns false if a READ/atomic before `psn` is still unanswered (its response was
     /// lost; the caller retries).
     fn ack_through(&mut self, psn: Psn) -> bool {
-        if psn.diff(self.req.acked_psn) > 0 {
+        if psn.is_after(self.req.acked_psn) {
             self.req.acked_psn = psn;
         }
         while let Some(w) = self.sq.front() {
             let (Some(first), Some(last)) = (w.first_psn, w.last_psn()) else {
                 break;
             };
-            if !w.all_sent && last.diff(psn) <= 0 {
+            if !w.all_sent && !last.is_after(psn) {
                 // Packets of it were never sent yet can be acknowledged: impossible; stop.
                 break;
             }
             if w.wr.op.is_read_or_atomic() {
-                if first.diff(psn) <= 0 {
+                if !first.is_after(psn) {
                     return false;
                 }
                 break;
             }
-            if last.diff(psn) <= 0 {
+            if !last.is_after(psn) {
                 self.complete_front(WcStatus::Success);
             } else {
                 break;
@@ -240,7 +240,7 @@ impl QueuePair {
         // INVARIANT: front exists: checked above and nothing removed it.
         let w = self.sq.front_mut().expect("front READ WQE");
         w.read_pkts_done += 1;
-        if psn.diff(self.req.acked_psn) > 0 {
+        if psn.is_after(self.req.acked_psn) {
             self.req.acked_psn = psn;
         }
         if is_last {
@@ -274,7 +274,7 @@ impl QueuePair {
             .front_mut()
             .expect("front atomic WQE")
             .read_pkts_done = 1;
-        if psn.diff(self.req.acked_psn) > 0 {
+        if psn.is_after(self.req.acked_psn) {
             self.req.acked_psn = psn;
         }
         self.complete_front(WcStatus::Success);

@@ -108,7 +108,7 @@ impl QueuePair {
             return Some(first.add(w.read_pkts_done));
         }
         let acked = self.req.acked_psn;
-        if acked.diff(first) >= 0 && acked.diff(first.add(w.npkts)) < 0 {
+        if acked.in_window(first, first.add(w.npkts)) {
             Some(acked.next())
         } else {
             Some(first)
@@ -118,7 +118,7 @@ impl QueuePair {
     /// Whether any request packet is outstanding (sent, not acknowledged).
     pub(crate) fn has_outstanding(&self) -> bool {
         self.una_psn()
-            .is_some_and(|una| self.req.high_psn.diff(una) > 0)
+            .is_some_and(|una| self.req.high_psn.is_after(una))
     }
 
     fn arm_ack_timer(&mut self, now: Instant) {
@@ -306,11 +306,11 @@ impl QueuePair {
             }
         };
         // Advance.
-        if self.req.next_psn.diff(self.req.high_psn) < 0 {
+        if self.req.next_psn.is_before(self.req.high_psn) {
             self.stats.retransmitted_packets += 1;
         }
         self.req.next_psn = psn.add(psn_span);
-        if self.req.next_psn.diff(self.req.high_psn) > 0 {
+        if self.req.next_psn.is_after(self.req.high_psn) {
             self.req.high_psn = self.req.next_psn;
         }
         self.req.since_ack_req = if b.ack_req {
@@ -344,7 +344,7 @@ impl QueuePair {
             let (Some(first), Some(last)) = (w.first_psn, w.last_psn()) else {
                 break;
             };
-            if psn.diff(first) >= 0 && psn.diff(last) <= 0 {
+            if psn.in_closed_window(first, last) {
                 self.req.cur = i;
                 self.req.cur_pkt = psn.diff(first) as u32;
                 self.req.next_psn = psn;

@@ -176,8 +176,7 @@ impl QueuePair {
             return;
         }
         let psn = packet.bth.psn;
-        let d = psn.diff(self.resp.epsn);
-        if d > 0 {
+        if psn.is_after(self.resp.epsn) {
             if self.resp.nak_sent {
                 self.stats.drop_psn += 1;
             } else {
@@ -192,7 +191,7 @@ impl QueuePair {
             }
             return;
         }
-        if d < 0 {
+        if psn.is_before(self.resp.epsn) {
             self.duplicate_request(packet);
             return;
         }
@@ -511,8 +510,7 @@ impl QueuePair {
                         rkey,
                         len,
                     } => {
-                        psn.diff(first) >= 0
-                            && psn.diff(last) <= 0
+                        psn.in_closed_window(first, last)
                             && rkey == reth.rkey
                             && reth.va >= va
                             && reth.va.saturating_add(u64::from(reth.dma_len))
@@ -525,9 +523,9 @@ impl QueuePair {
                     // there on (the rest of a long response stream, earlier re-answers) is
                     // already behind its cursor and would only delay the answer it waits for;
                     // replace it, as rxe restarts the read (`rxe_resp.c`, duplicate READ).
-                    self.resp
-                        .out
-                        .retain(|j| !matches!(j, RespJob::Read { psn: p, .. } if p.diff(psn) >= 0));
+                    self.resp.out.retain(
+                        |j| !matches!(j, RespJob::Read { psn: p, .. } if !p.is_before(psn)),
+                    );
                     let msn = self.resp.msn;
                     self.resp.out.push_back(RespJob::Read {
                         psn,

@@ -14,6 +14,7 @@
 //!   restarting a partially acknowledged message at the packet for p and re-requesting only
 //!   the missing part of a READ (rxe `req_retry`).
 
+use roce_wire::opcode::{ExtHeaders, Operation, Position, Transport};
 use roce_wire::{atomic_eth, bth, ieth, immdt, reth, Ext, Opcode, Psn};
 
 use super::emit_in_place;
@@ -71,32 +72,32 @@ pub(crate) fn ack_timeout_ns(timeout: u8) -> Option<u64> {
     (timeout != 0).then(|| 4_096u64 << timeout.min(31))
 }
 
-fn opcode_for(op: SendOp, first: bool, last: bool, uc: bool) -> Opcode {
-    let base: u8 = match (op, first, last) {
-        (SendOp::Send, true, true) => 0x04,
-        (SendOp::SendWithImm { .. }, true, true) => 0x05,
-        (SendOp::SendWithInv { .. }, true, true) => 0x17,
-        (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, true, false) => {
-            0x00
-        }
-        (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, false, false) => {
-            0x01
-        }
-        (SendOp::Send, false, true) => 0x02,
-        (SendOp::SendWithImm { .. }, false, true) => 0x03,
-        (SendOp::SendWithInv { .. }, false, true) => 0x16,
-        (SendOp::RdmaWrite { .. }, true, true) => 0x0A,
-        (SendOp::RdmaWriteWithImm { .. }, true, true) => 0x0B,
-        (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, true, false) => 0x06,
-        (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, false, false) => 0x07,
-        (SendOp::RdmaWrite { .. }, false, true) => 0x08,
-        (SendOp::RdmaWriteWithImm { .. }, false, true) => 0x09,
-        (SendOp::RdmaRead { .. }, ..) => 0x0C,
-        (SendOp::AtomicCmpAndSwp { .. }, ..) => 0x13,
-        (SendOp::AtomicFetchAndAdd { .. }, ..) => 0x14,
-        (SendOp::LocalInv { .. }, ..) => 0x15,
+/// The request opcode of packet `first`/`last` of a WR, from wire's opcode table. `None` for
+/// an operation that sends no packet (LOCAL_INV) or that the transport lacks.
+fn opcode_for(op: SendOp, first: bool, last: bool, uc: bool) -> Option<Opcode> {
+    let position = match (first, last) {
+        (true, true) => Position::Only,
+        (true, false) => Position::First,
+        (false, false) => Position::Middle,
+        (false, true) => Position::Last,
     };
-    Opcode::from_u8(if uc { base + 0x20 } else { base })
+    // Immediate data and the invalidate rkey ride on the last (or only) packet.
+    let at_end = |h: ExtHeaders| if last { h } else { ExtHeaders::NONE };
+    let (operation, position, trailer) = match op {
+        SendOp::Send => (Operation::Send, position, ExtHeaders::NONE),
+        SendOp::SendWithImm { .. } => (Operation::Send, position, at_end(ExtHeaders::IMMDT)),
+        SendOp::SendWithInv { .. } => (Operation::Send, position, at_end(ExtHeaders::IETH)),
+        SendOp::RdmaWrite { .. } => (Operation::Write, position, ExtHeaders::NONE),
+        SendOp::RdmaWriteWithImm { .. } => (Operation::Write, position, at_end(ExtHeaders::IMMDT)),
+        SendOp::RdmaRead { .. } => (Operation::ReadRequest, Position::Only, ExtHeaders::NONE),
+        SendOp::AtomicCmpAndSwp { .. } => {
+            (Operation::CompareSwap, Position::Only, ExtHeaders::NONE)
+        }
+        SendOp::AtomicFetchAndAdd { .. } => (Operation::FetchAdd, Position::Only, ExtHeaders::NONE),
+        SendOp::LocalInv { .. } => return None,
+    };
+    let transport = if uc { Transport::Uc } else { Transport::Rc };
+    Opcode::request(transport, operation, position, trailer)
 }
 
 impl QueuePair {
@@ -204,7 +205,18 @@ impl QueuePair {
         let npkts = w.npkts;
         let first = pkt == 0;
         let last = pkt + 1 >= npkts;
-        let mut b = bth::Repr::new(opcode_for(op, first, last, uc), self.attr.dest_qpn, psn);
+        let Some(opcode) = opcode_for(op, first, last, uc) else {
+            // post_send admits no such WR (LOCAL_INV never gets here, UC refuses READ and
+            // atomics); should one get through, it fails alone rather than going on the wire.
+            self.sq[cur].error = Some(WcStatus::LocQpOpErr);
+            if cur == 0 {
+                self.fail_front(WcStatus::LocQpOpErr);
+            } else {
+                self.enter_error(Some(WcStatus::LocQpOpErr));
+            }
+            return None;
+        };
+        let mut b = bth::Repr::new(opcode, self.attr.dest_qpn, psn);
         b.pkey = roce_wire::PKey::DEFAULT;
         let mut ext = Ext::default();
         let offset = u64::from(pkt) * mtu;
@@ -362,5 +374,95 @@ impl QueuePair {
         if let Some(p) = self.sq.get(i).and_then(|w| w.first_psn) {
             self.req.next_psn = p;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use roce_wire::RKey;
+
+    use super::*;
+
+    /// The opcodes the requester emits, checked against the IBTA codes (table 38).
+    #[test]
+    fn request_opcodes_match_the_spec_codes() {
+        let rkey = RKey::new(1);
+        let write = SendOp::RdmaWrite {
+            remote_addr: 0,
+            rkey,
+        };
+        let write_imm = SendOp::RdmaWriteWithImm {
+            remote_addr: 0,
+            rkey,
+            imm: 0,
+        };
+        let cases: &[(SendOp, bool, bool, u8)] = &[
+            (SendOp::Send, true, true, 0x04),
+            (SendOp::Send, true, false, 0x00),
+            (SendOp::Send, false, false, 0x01),
+            (SendOp::Send, false, true, 0x02),
+            (SendOp::SendWithImm { imm: 0 }, true, true, 0x05),
+            (SendOp::SendWithImm { imm: 0 }, true, false, 0x00),
+            (SendOp::SendWithImm { imm: 0 }, false, true, 0x03),
+            (SendOp::SendWithInv { rkey }, true, true, 0x17),
+            (SendOp::SendWithInv { rkey }, false, false, 0x01),
+            (SendOp::SendWithInv { rkey }, false, true, 0x16),
+            (write, true, true, 0x0A),
+            (write, true, false, 0x06),
+            (write, false, false, 0x07),
+            (write, false, true, 0x08),
+            (write_imm, true, true, 0x0B),
+            (write_imm, true, false, 0x06),
+            (write_imm, false, true, 0x09),
+            (
+                SendOp::RdmaRead {
+                    remote_addr: 0,
+                    rkey,
+                },
+                true,
+                false,
+                0x0C,
+            ),
+            (
+                SendOp::AtomicCmpAndSwp {
+                    remote_addr: 0,
+                    rkey,
+                    compare: 0,
+                    swap: 0,
+                },
+                true,
+                true,
+                0x13,
+            ),
+            (
+                SendOp::AtomicFetchAndAdd {
+                    remote_addr: 0,
+                    rkey,
+                    add: 0,
+                },
+                true,
+                true,
+                0x14,
+            ),
+        ];
+        for &(op, first, last, code) in cases {
+            assert_eq!(
+                opcode_for(op, first, last, false).map(Opcode::as_u8),
+                Some(code),
+                "RC {op:?} first={first} last={last}"
+            );
+            let uc = opcode_for(op, first, last, true).map(Opcode::as_u8);
+            if op.is_read_or_atomic() {
+                assert_eq!(uc, None, "UC {op:?}");
+            } else if matches!(op, SendOp::SendWithInv { .. }) && last {
+                assert_eq!(uc, None, "UC has no SEND with invalidate");
+            } else {
+                assert_eq!(uc, Some(code + 0x20), "UC {op:?} first={first} last={last}");
+            }
+        }
+        assert_eq!(
+            opcode_for(SendOp::LocalInv { key: 1 }, true, true, false),
+            None
+        );
     }
 }

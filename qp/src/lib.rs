@@ -33,6 +33,8 @@
 //! assert_eq!(pair.b.read(&dst), b"hello, rdma");
 //! ```
 
+mod config;
+mod ctx;
 mod mem;
 mod qp;
 mod rc;

@@ -26,13 +26,13 @@ use roce_wire::opcode::{Operation, Position};
 use roce_wire::{aeth, atomic_ack_eth, bth, Ext, Msn, Opcode, PacketRepr, Psn, RKey};
 
 use super::emit_in_place;
+use crate::ctx::QpCtx;
 use crate::mem::{AtomicOp, MemError};
-use crate::qp::QueuePair;
-use crate::verbs::{Completion, CqSide, QpType, RecvWr, WcOpcode, WcStatus};
+use crate::verbs::{Completion, CqSide, QpState, QpType, RecvWr, WcOpcode, WcStatus};
 
 /// A message being received.
 #[derive(Debug)]
-pub(crate) enum InMsg {
+enum InMsg {
     Send {
         wr: RecvWr,
         offset: u64,
@@ -47,7 +47,7 @@ pub(crate) enum InMsg {
 
 /// Saved READ/atomic state for duplicate handling.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Resource {
+enum Resource {
     Read {
         first: Psn,
         last: Psn,
@@ -63,7 +63,7 @@ pub(crate) enum Resource {
 
 /// A response waiting to be sent.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum RespJob {
+enum RespJob {
     Ack {
         psn: Psn,
         syndrome: Syndrome,
@@ -87,15 +87,22 @@ pub(crate) enum RespJob {
     },
 }
 
-/// Responder state.
+/// Responder state (rxe `struct rxe_resp_info`).
 #[derive(Debug, Default)]
 pub(crate) struct Responder {
-    pub(crate) epsn: Psn,
-    pub(crate) msn: Msn,
-    pub(crate) nak_sent: bool,
-    pub(crate) cur: Option<InMsg>,
-    pub(crate) resources: VecDeque<Resource>,
-    pub(crate) out: VecDeque<RespJob>,
+    /// The expected PSN of the next new request.
+    epsn: Psn,
+    /// Messages completed (returned in every AETH).
+    msn: Msn,
+    /// A PSN sequence error NAK went out for `epsn`: drop further out-of-order requests
+    /// silently until it arrives (C9-112).
+    nak_sent: bool,
+    /// The message being received.
+    cur: Option<InMsg>,
+    /// Saved READ/atomic state for duplicates, oldest first (at most `max_dest_rd_atomic`).
+    resources: VecDeque<Resource>,
+    /// Responses waiting to be sent.
+    out: VecDeque<RespJob>,
 }
 
 impl Responder {
@@ -108,7 +115,7 @@ impl Responder {
         self.out.clear();
     }
 
-    pub(crate) fn take_current_recv(&mut self) -> Option<RecvWr> {
+    fn take_current_recv(&mut self) -> Option<RecvWr> {
         match self.cur.take() {
             Some(InMsg::Send { wr, .. }) => Some(wr),
             other => {
@@ -118,8 +125,41 @@ impl Responder {
         }
     }
 
+    /// The QP entered ERR: the receive WR being filled and the receive queue are flushed (in
+    /// that order), and of the queued responses only the final NAK still goes out.
+    pub(crate) fn on_error(&mut self, cx: &mut QpCtx<'_>) {
+        if let Some(w) = self.take_current_recv() {
+            cx.flush_recv(&w);
+        }
+        cx.flush_recv_queue();
+        self.clear_pending_except_naks();
+    }
+
+    /// Checks the responder's invariants: in ERR nothing but NAKs is queued and no message
+    /// is in progress.
+    pub(crate) fn check(&self, state: QpState) -> Result<(), &'static str> {
+        if state == QpState::Err {
+            if self.cur.is_some() {
+                return Err("ERR with a message in progress");
+            }
+            let only_naks = self.out.iter().all(|j| {
+                matches!(
+                    j,
+                    RespJob::Ack {
+                        syndrome: Syndrome::Nak(_),
+                        ..
+                    }
+                )
+            });
+            if !only_naks {
+                return Err("ERR with responses other than the final NAK queued");
+            }
+        }
+        Ok(())
+    }
+
     /// In ERR only the final NAK still goes out.
-    pub(crate) fn clear_pending_except_naks(&mut self) {
+    fn clear_pending_except_naks(&mut self) {
         self.out.retain(|j| {
             matches!(
                 j,
@@ -169,68 +209,72 @@ fn from_mem(e: MemError) -> Reject {
     }
 }
 
-impl QueuePair {
-    pub(crate) fn handle_request(&mut self, packet: &PacketRepr<'_>) {
-        if self.cfg.qp_type == QpType::Uc {
-            self.uc_request(packet);
+impl Responder {
+    pub(crate) fn on_request(&mut self, cx: &mut QpCtx<'_>, packet: &PacketRepr<'_>) {
+        if cx.qp_type() == QpType::Uc {
+            self.uc_request(cx, packet);
             return;
         }
         let psn = packet.bth.psn;
-        if psn.is_after(self.resp.epsn) {
-            if self.resp.nak_sent {
-                self.stats.drop_psn += 1;
+        if psn.is_after(self.epsn) {
+            if self.nak_sent {
+                cx.stats.drop_psn += 1;
             } else {
-                self.resp.nak_sent = true;
-                self.stats.seq_naks_sent += 1;
-                let msn = self.resp.msn;
-                self.resp.out.push_back(RespJob::Ack {
-                    psn: self.resp.epsn,
+                self.nak_sent = true;
+                cx.stats.seq_naks_sent += 1;
+                let msn = self.msn;
+                self.out.push_back(RespJob::Ack {
+                    psn: self.epsn,
                     syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
                     msn,
                 });
             }
             return;
         }
-        if psn.is_before(self.resp.epsn) {
-            self.duplicate_request(packet);
+        if psn.is_before(self.epsn) {
+            self.duplicate_request(cx, packet);
             return;
         }
-        self.resp.nak_sent = false;
-        match self.execute(packet) {
+        self.nak_sent = false;
+        match self.execute(cx, packet) {
             Ok(()) => {}
             Err(Reject::Rnr) => {
-                self.stats.rnr_naks_sent += 1;
-                let msn = self.resp.msn;
-                self.resp.out.push_back(RespJob::Ack {
+                cx.stats.rnr_naks_sent += 1;
+                let msn = self.msn;
+                self.out.push_back(RespJob::Ack {
                     psn,
                     syndrome: Syndrome::RnrNak {
-                        timer: self.attr.min_rnr_timer,
+                        timer: cx.attr.min_rnr_timer,
                     },
                     msn,
                 });
             }
             Err(Reject::Nak(code, status)) => {
-                self.stats.nak_sent(code);
-                let msn = self.resp.msn;
-                self.resp.out.push_back(RespJob::Ack {
+                cx.stats.nak_sent(code);
+                let msn = self.msn;
+                self.out.push_back(RespJob::Ack {
                     psn,
                     syndrome: Syndrome::Nak(code),
                     msn,
                 });
                 // The receive WR being filled, if any, completes with the error.
-                if let Some(wr) = self.resp.take_current_recv() {
-                    self.push_completion(
+                if let Some(wr) = self.take_current_recv() {
+                    cx.push_completion(
                         CqSide::Recv,
-                        Completion::new(wr.wr_id, status, WcOpcode::Recv, self.qpn),
+                        Completion::new(wr.wr_id, status, WcOpcode::Recv, cx.qpn),
                     );
                 }
-                self.enter_error(Some(status));
+                cx.enter_error(Some(status));
             }
         }
     }
 
-    fn check_length(&self, packet: &PacketRepr<'_>, position: Position) -> Result<(), Reject> {
-        let mtu = self.attr.path_mtu.bytes();
+    fn check_length(
+        cx: &QpCtx<'_>,
+        packet: &PacketRepr<'_>,
+        position: Position,
+    ) -> Result<(), Reject> {
+        let mtu = cx.attr.path_mtu.bytes();
         let n = packet.payload.len();
         let ok = match position {
             Position::First | Position::Middle => n == mtu,
@@ -245,14 +289,14 @@ impl QueuePair {
     }
 
     /// Executes an in-sequence RC request (psn == expected).
-    fn execute(&mut self, packet: &PacketRepr<'_>) -> Result<(), Reject> {
+    fn execute(&mut self, cx: &mut QpCtx<'_>, packet: &PacketRepr<'_>) -> Result<(), Reject> {
         let Some(info) = packet.bth.opcode.info() else {
             return Err(INV_REQ);
         };
         let psn = packet.bth.psn;
         // Opcode sequence: a message in progress accepts only its own MIDDLE/LAST.
         let continues = matches!(info.position, Position::Middle | Position::Last);
-        let seq_ok = match (&self.resp.cur, info.operation) {
+        let seq_ok = match (&self.cur, info.operation) {
             (Some(InMsg::Send { .. }), Operation::Send) => continues,
             (Some(InMsg::Write { .. }), Operation::Write) => continues,
             (Some(_), _) => false,
@@ -263,26 +307,32 @@ impl QueuePair {
         }
         match info.operation {
             Operation::Send => {
-                self.check_length(packet, info.position)?;
-                self.exec_send(packet, info.is_start(), info.is_end())?;
-                self.resp.epsn = psn.next();
+                Self::check_length(cx, packet, info.position)?;
+                self.exec_send(cx, packet, info.is_start(), info.is_end())?;
+                self.epsn = psn.next();
                 if packet.bth.ack_req {
-                    self.resp.push_ack(psn);
+                    self.push_ack(psn);
                 }
             }
             Operation::Write => {
-                if !self.access_allows(Access::REMOTE_WRITE) {
+                if !cx.access_allows(Access::REMOTE_WRITE) {
                     return Err(INV_REQ);
                 }
-                self.check_length(packet, info.position)?;
-                self.exec_write(packet, info.is_start(), info.is_end(), info.has_immediate())?;
-                self.resp.epsn = psn.next();
+                Self::check_length(cx, packet, info.position)?;
+                self.exec_write(
+                    cx,
+                    packet,
+                    info.is_start(),
+                    info.is_end(),
+                    info.has_immediate(),
+                )?;
+                self.epsn = psn.next();
                 if packet.bth.ack_req {
-                    self.resp.push_ack(psn);
+                    self.push_ack(psn);
                 }
             }
             Operation::ReadRequest => {
-                if !self.access_allows(Access::REMOTE_READ) || self.attr.max_dest_rd_atomic == 0 {
+                if !cx.access_allows(Access::REMOTE_READ) || cx.attr.max_dest_rd_atomic == 0 {
                     return Err(INV_REQ);
                 }
                 let Some(reth) = packet.ext.reth else {
@@ -293,23 +343,26 @@ impl QueuePair {
                     return Err(INV_REQ);
                 }
                 if len > 0 {
-                    self.mem
-                        .check_remote(self.qpn, reth.rkey, reth.va, len, Access::REMOTE_READ)
+                    cx.mem
+                        .check_remote(cx.qpn, reth.rkey, reth.va, len, Access::REMOTE_READ)
                         .map_err(from_mem)?;
                 }
-                let mtu = self.attr.path_mtu.bytes() as u64;
+                let mtu = cx.attr.path_mtu.bytes() as u64;
                 let npkts = len.div_ceil(mtu).max(1) as u32;
-                self.save_resource(Resource::Read {
-                    first: psn,
-                    last: psn.add(npkts - 1),
-                    va: reth.va,
-                    rkey: reth.rkey,
-                    len,
-                });
-                self.resp.msn = self.resp.msn.add(1);
-                self.resp.epsn = psn.add(npkts);
-                let msn = self.resp.msn;
-                self.resp.out.push_back(RespJob::Read {
+                self.save_resource(
+                    cx,
+                    Resource::Read {
+                        first: psn,
+                        last: psn.add(npkts - 1),
+                        va: reth.va,
+                        rkey: reth.rkey,
+                        len,
+                    },
+                );
+                self.msn = self.msn.add(1);
+                self.epsn = psn.add(npkts);
+                let msn = self.msn;
+                self.out.push_back(RespJob::Read {
                     psn,
                     va: reth.va,
                     rkey: reth.rkey,
@@ -320,7 +373,7 @@ impl QueuePair {
                 });
             }
             Operation::CompareSwap | Operation::FetchAdd => {
-                if !self.access_allows(Access::REMOTE_ATOMIC) || self.attr.max_dest_rd_atomic == 0 {
+                if !cx.access_allows(Access::REMOTE_ATOMIC) || cx.attr.max_dest_rd_atomic == 0 {
                     return Err(INV_REQ);
                 }
                 let Some(a) = packet.ext.atomic_eth else {
@@ -337,17 +390,12 @@ impl QueuePair {
                 } else {
                     AtomicOp::FetchAdd { add: a.swap_add }
                 };
-                let orig = self
-                    .mem
-                    .atomic(self.qpn, a.rkey, a.va, op)
-                    .map_err(from_mem)?;
-                self.save_resource(Resource::Atomic { psn, orig });
-                self.resp.msn = self.resp.msn.add(1);
-                self.resp.epsn = psn.next();
-                let msn = self.resp.msn;
-                self.resp
-                    .out
-                    .push_back(RespJob::AtomicAck { psn, orig, msn });
+                let orig = cx.mem.atomic(cx.qpn, a.rkey, a.va, op).map_err(from_mem)?;
+                self.save_resource(cx, Resource::Atomic { psn, orig });
+                self.msn = self.msn.add(1);
+                self.epsn = psn.next();
+                let msn = self.msn;
+                self.out.push_back(RespJob::AtomicAck { psn, orig, msn });
             }
             // FLUSH / ATOMIC WRITE are not offered by this device.
             _ => return Err(INV_REQ),
@@ -355,22 +403,28 @@ impl QueuePair {
         Ok(())
     }
 
-    fn save_resource(&mut self, r: Resource) {
-        let cap = usize::from(self.attr.max_dest_rd_atomic.max(1));
-        while self.resp.resources.len() >= cap {
-            self.resp.resources.pop_front();
+    fn save_resource(&mut self, cx: &QpCtx<'_>, r: Resource) {
+        let cap = usize::from(cx.attr.max_dest_rd_atomic.max(1));
+        while self.resources.len() >= cap {
+            self.resources.pop_front();
         }
-        self.resp.resources.push_back(r);
+        self.resources.push_back(r);
     }
 
-    fn exec_send(&mut self, packet: &PacketRepr<'_>, start: bool, end: bool) -> Result<(), Reject> {
+    fn exec_send(
+        &mut self,
+        cx: &mut QpCtx<'_>,
+        packet: &PacketRepr<'_>,
+        start: bool,
+        end: bool,
+    ) -> Result<(), Reject> {
         if start {
-            let Some(wr) = self.rq.pop() else {
+            let Some(wr) = cx.rq.pop() else {
                 return Err(Reject::Rnr);
             };
-            self.resp.cur = Some(InMsg::Send { wr, offset: 0 });
+            self.cur = Some(InMsg::Send { wr, offset: 0 });
         }
-        let Some(InMsg::Send { wr, offset }) = &mut self.resp.cur else {
+        let Some(InMsg::Send { wr, offset }) = &mut self.cur else {
             return Err(INV_REQ);
         };
         let new_end = *offset + packet.payload.len() as u64;
@@ -378,35 +432,36 @@ impl QueuePair {
             // The message is longer than the receive WR: LOC_LEN_ERR on the receive side.
             return Err(Reject::Nak(NakCode::InvalidRequest, WcStatus::LocLenErr));
         }
-        if let Err(status) = self.mem.scatter(&wr.sges, *offset, packet.payload) {
+        if let Err(status) = cx.mem.scatter(&wr.sges, *offset, packet.payload) {
             return Err(Reject::Nak(NakCode::RemoteOperationalError, status));
         }
         *offset = new_end;
         if end {
             let mut invalidated = None;
             if let Some(ieth) = packet.ext.ieth {
-                if self.mem.invalidate_remote(self.qpn, ieth.rkey).is_err() {
+                if cx.mem.invalidate_remote(cx.qpn, ieth.rkey).is_err() {
                     return Err(INV_REQ);
                 }
                 invalidated = Some(ieth.rkey);
             }
-            let Some(InMsg::Send { wr, offset }) = self.resp.cur.take() else {
+            let Some(InMsg::Send { wr, offset }) = self.cur.take() else {
                 return Err(INV_REQ);
             };
-            let mut c = Completion::new(wr.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
+            let mut c = Completion::new(wr.wr_id, WcStatus::Success, WcOpcode::Recv, cx.qpn);
             c.byte_len = u32::try_from(offset).unwrap_or(u32::MAX);
             c.imm_data = packet.ext.immdt.map(|i| i.data);
             c.invalidated_rkey = invalidated;
             c.solicited = packet.bth.solicited;
-            c.src_qp = self.attr.dest_qpn;
-            self.push_completion(CqSide::Recv, c);
-            self.resp.msn = self.resp.msn.add(1);
+            c.src_qp = cx.attr.dest_qpn;
+            cx.push_completion(CqSide::Recv, c);
+            self.msn = self.msn.add(1);
         }
         Ok(())
     }
 
     fn exec_write(
         &mut self,
+        cx: &mut QpCtx<'_>,
         packet: &PacketRepr<'_>,
         start: bool,
         end: bool,
@@ -421,11 +476,11 @@ impl QueuePair {
                 return Err(INV_REQ);
             }
             if total > 0 {
-                self.mem
-                    .check_remote(self.qpn, reth.rkey, reth.va, total, Access::REMOTE_WRITE)
+                cx.mem
+                    .check_remote(cx.qpn, reth.rkey, reth.va, total, Access::REMOTE_WRITE)
                     .map_err(from_mem)?;
             }
-            self.resp.cur = Some(InMsg::Write {
+            self.cur = Some(InMsg::Write {
                 va: reth.va,
                 rkey: reth.rkey,
                 total,
@@ -437,7 +492,7 @@ impl QueuePair {
             rkey,
             total,
             offset,
-        }) = self.resp.cur
+        }) = self.cur
         else {
             return Err(INV_REQ);
         };
@@ -448,7 +503,7 @@ impl QueuePair {
         // WRITE with immediate consumes a receive WR at its last packet: take it before
         // touching memory, so an RNR NAK leaves everything as it was.
         let recv = if end && imm {
-            match self.rq.pop() {
+            match cx.rq.pop() {
                 Some(wr) => Some(wr),
                 None => return Err(Reject::Rnr),
             }
@@ -457,40 +512,40 @@ impl QueuePair {
         };
         if !packet.payload.is_empty() {
             if let Err(e) =
-                self.mem
-                    .write_remote(self.qpn, rkey, va.wrapping_add(offset), packet.payload)
+                cx.mem
+                    .write_remote(cx.qpn, rkey, va.wrapping_add(offset), packet.payload)
             {
                 if let Some(wr) = recv {
-                    self.rq.push_front(wr);
+                    cx.rq.push_front(wr);
                 }
                 return Err(from_mem(e));
             }
         }
-        if let Some(InMsg::Write { offset: o, .. }) = &mut self.resp.cur {
+        if let Some(InMsg::Write { offset: o, .. }) = &mut self.cur {
             *o = new_end;
         }
         if end {
-            self.resp.cur = None;
-            self.resp.msn = self.resp.msn.add(1);
+            self.cur = None;
+            self.msn = self.msn.add(1);
             if let Some(wr) = recv {
                 let mut c = Completion::new(
                     wr.wr_id,
                     WcStatus::Success,
                     WcOpcode::RecvRdmaWithImm,
-                    self.qpn,
+                    cx.qpn,
                 );
                 c.byte_len = u32::try_from(total).unwrap_or(u32::MAX);
                 c.imm_data = packet.ext.immdt.map(|i| i.data);
                 c.solicited = packet.bth.solicited;
-                c.src_qp = self.attr.dest_qpn;
-                self.push_completion(CqSide::Recv, c);
+                c.src_qp = cx.attr.dest_qpn;
+                cx.push_completion(CqSide::Recv, c);
             }
         }
         Ok(())
     }
 
-    fn duplicate_request(&mut self, packet: &PacketRepr<'_>) {
-        self.stats.duplicate_requests += 1;
+    fn duplicate_request(&mut self, cx: &mut QpCtx<'_>, packet: &PacketRepr<'_>) {
+        cx.stats.duplicate_requests += 1;
         let psn = packet.bth.psn;
         let Some(info) = packet.bth.opcode.info() else {
             return;
@@ -498,11 +553,11 @@ impl QueuePair {
         match info.operation {
             Operation::Send | Operation::Write => {
                 // C9-105: do not execute again; acknowledge what was executed.
-                self.resp.push_ack(self.resp.epsn.sub(1));
+                self.push_ack(self.epsn.sub(1));
             }
             Operation::ReadRequest => {
                 let Some(reth) = packet.ext.reth else { return };
-                let found = self.resp.resources.iter().any(|r| match *r {
+                let found = self.resources.iter().any(|r| match *r {
                     Resource::Read {
                         first,
                         last,
@@ -523,11 +578,11 @@ impl QueuePair {
                     // there on (the rest of a long response stream, earlier re-answers) is
                     // already behind its cursor and would only delay the answer it waits for;
                     // replace it, as rxe restarts the read (`rxe_resp.c`, duplicate READ).
-                    self.resp.out.retain(
+                    self.out.retain(
                         |j| !matches!(j, RespJob::Read { psn: p, .. } if !p.is_before(psn)),
                     );
-                    let msn = self.resp.msn;
-                    self.resp.out.push_back(RespJob::Read {
+                    let msn = self.msn;
+                    self.out.push_back(RespJob::Read {
                         psn,
                         va: reth.va,
                         rkey: reth.rkey,
@@ -537,91 +592,93 @@ impl QueuePair {
                         duplicate: true,
                     });
                 } else {
-                    self.stats.drop_psn += 1;
+                    cx.stats.drop_psn += 1;
                 }
             }
             Operation::CompareSwap | Operation::FetchAdd => {
-                let saved = self.resp.resources.iter().find_map(|r| match *r {
+                let saved = self.resources.iter().find_map(|r| match *r {
                     Resource::Atomic { psn: p, orig } if p == psn => Some(orig),
                     _ => None,
                 });
                 match saved {
                     Some(orig) => {
-                        let msn = self.resp.msn;
-                        self.resp
-                            .out
-                            .push_back(RespJob::AtomicAck { psn, orig, msn });
+                        let msn = self.msn;
+                        self.out.push_back(RespJob::AtomicAck { psn, orig, msn });
                     }
-                    None => self.stats.drop_psn += 1,
+                    None => cx.stats.drop_psn += 1,
                 }
             }
-            _ => self.stats.drop_opcode += 1,
+            _ => cx.stats.drop_opcode += 1,
         }
     }
 
     /// UC: no ACKs, no NAKs; a gap drops the message in progress.
-    fn uc_request(&mut self, packet: &PacketRepr<'_>) {
+    fn uc_request(&mut self, cx: &mut QpCtx<'_>, packet: &PacketRepr<'_>) {
         let psn = packet.bth.psn;
         let Some(info) = packet.bth.opcode.info() else {
             return;
         };
-        if psn != self.resp.epsn {
-            self.stats.drop_psn += 1;
-            self.uc_drop_message();
+        if psn != self.epsn {
+            cx.stats.drop_psn += 1;
+            self.uc_drop_message(cx);
             if !info.is_start() {
-                self.resp.epsn = psn.next();
+                self.epsn = psn.next();
                 return;
             }
         }
-        self.resp.epsn = psn.next();
+        self.epsn = psn.next();
         let continues = !info.is_start();
-        let seq_ok = match (&self.resp.cur, info.operation) {
+        let seq_ok = match (&self.cur, info.operation) {
             (Some(InMsg::Send { .. }), Operation::Send)
             | (Some(InMsg::Write { .. }), Operation::Write) => continues,
             (Some(_), _) => false,
             (None, _) => !continues,
         };
         if !seq_ok {
-            self.stats.drop_opcode += 1;
-            self.uc_drop_message();
+            cx.stats.drop_opcode += 1;
+            self.uc_drop_message(cx);
             if continues {
                 return;
             }
         }
-        if self.check_length(packet, info.position).is_err() {
-            self.stats.drop_length += 1;
-            self.uc_drop_message();
+        if Self::check_length(cx, packet, info.position).is_err() {
+            cx.stats.drop_length += 1;
+            self.uc_drop_message(cx);
             return;
         }
         let result = match info.operation {
-            Operation::Send => self.exec_send(packet, info.is_start(), info.is_end()),
-            Operation::Write if self.access_allows(Access::REMOTE_WRITE) => {
-                self.exec_write(packet, info.is_start(), info.is_end(), info.has_immediate())
-            }
+            Operation::Send => self.exec_send(cx, packet, info.is_start(), info.is_end()),
+            Operation::Write if cx.access_allows(Access::REMOTE_WRITE) => self.exec_write(
+                cx,
+                packet,
+                info.is_start(),
+                info.is_end(),
+                info.has_immediate(),
+            ),
             _ => Err(INV_REQ),
         };
         if let Err(r) = result {
             if r == Reject::Rnr {
-                self.stats.drop_no_recv += 1;
+                cx.stats.drop_no_recv += 1;
             } else {
-                self.stats.drop_opcode += 1;
+                cx.stats.drop_opcode += 1;
             }
-            self.uc_drop_message();
+            self.uc_drop_message(cx);
         }
     }
 
-    fn uc_drop_message(&mut self) {
-        if let Some(wr) = self.resp.take_current_recv() {
+    fn uc_drop_message(&mut self, cx: &mut QpCtx<'_>) {
+        if let Some(wr) = self.take_current_recv() {
             // The receive WR was not consumed: it serves the next message.
-            self.rq.push_front(wr);
+            cx.rq.push_front(wr);
         }
-        self.resp.cur = None;
+        self.cur = None;
     }
 
     /// Builds the next response packet into `buf`; returns its length.
-    pub(crate) fn next_response(&mut self, buf: &mut [u8]) -> Option<usize> {
-        let job = self.resp.out.pop_front()?;
-        let dest = self.attr.dest_qpn;
+    pub(crate) fn next_response(&mut self, cx: &mut QpCtx<'_>, buf: &mut [u8]) -> Option<usize> {
+        let job = self.out.pop_front()?;
+        let dest = cx.attr.dest_qpn;
         match job {
             RespJob::Ack { psn, syndrome, msn } => {
                 let ext = Ext {
@@ -654,7 +711,7 @@ impl QueuePair {
                 msn,
                 duplicate,
             } => {
-                let mtu = self.attr.path_mtu.bytes() as u64;
+                let mtu = cx.attr.path_mtu.bytes() as u64;
                 let chunk = remaining.min(mtu);
                 let last = remaining <= mtu;
                 let opcode = match (first, last) {
@@ -671,8 +728,8 @@ impl QueuePair {
                     });
                 }
                 let b = bth::Repr::new(opcode, dest, psn);
-                let mem = &self.mem;
-                let qpn = self.qpn;
+                let mem = &cx.mem;
+                let qpn = cx.qpn;
                 let r = emit_in_place(buf, b, ext, chunk as usize, |out| {
                     if out.is_empty() {
                         Ok(())
@@ -682,9 +739,9 @@ impl QueuePair {
                 });
                 match r {
                     Ok(len) => {
-                        self.stats.tx_bytes += chunk;
+                        cx.stats.tx_bytes += chunk;
                         if !last {
-                            self.resp.out.push_front(RespJob::Read {
+                            self.out.push_front(RespJob::Read {
                                 psn: psn.next(),
                                 va: va.wrapping_add(chunk),
                                 rkey,
@@ -701,20 +758,20 @@ impl QueuePair {
                         // executed in full, and the requester, which freed the region, has
                         // its data. Stop re-answering; do not fail the QP (rxe keeps the MR
                         // referenced instead; either way the connection survives).
-                        self.stats.drop_state += 1;
-                        self.next_response(buf)
+                        cx.stats.drop_state += 1;
+                        self.next_response(cx, buf)
                     }
                     Err(_) => {
                         // The region went away after the request was checked.
-                        self.resp.out.clear();
-                        self.resp.out.push_back(RespJob::Ack {
+                        self.out.clear();
+                        self.out.push_back(RespJob::Ack {
                             psn,
                             syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
                             msn,
                         });
-                        self.stats.nak_sent(NakCode::RemoteAccessError);
-                        self.enter_error(Some(WcStatus::RemAccessErr));
-                        self.next_response(buf)
+                        cx.stats.nak_sent(NakCode::RemoteAccessError);
+                        cx.enter_error(Some(WcStatus::RemAccessErr));
+                        self.next_response(cx, buf)
                     }
                 }
             }

@@ -14,7 +14,9 @@
 //! - No receive WR for a SEND or WRITE with immediate: RNR NAK with our `min_rnr_timer`.
 //! - Opcode out of sequence, disallowed operation, bad length, misaligned atomic: NAK invalid
 //!   request; bad rkey/bounds/rights: NAK remote access error; unusable receive WR: NAK remote
-//!   operational error. Each of these is fatal: the QP enters ERR after the NAK.
+//!   operational error. Each of these is fatal: the QP enters ERR after the NAK. The checks run
+//!   in rxe's order (`rxe_resp.c`: operation allowed on the QP, resources, length, rkey, then
+//!   execution), so a request with several faults gets rxe's NAK code.
 //! - UC never acknowledges: on a PSN gap the message in progress is dropped and reception
 //!   resumes at the next FIRST/ONLY.
 
@@ -379,9 +381,10 @@ impl Responder {
                 let Some(a) = packet.ext.atomic_eth else {
                     return Err(INV_REQ);
                 };
-                if a.va % 8 != 0 {
-                    return Err(INV_REQ);
-                }
+                // No alignment check here: like rxe (`check_rkey` before `atomic_reply`), the
+                // rkey, bounds and rights are checked first (a bad rkey is a remote access
+                // error, 0x62, even at a misaligned address); the table then refuses a
+                // misaligned word as an invalid request (0x61).
                 let op = if info.operation == Operation::CompareSwap {
                     AtomicOp::CompareSwap {
                         compare: a.compare,

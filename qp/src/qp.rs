@@ -52,8 +52,8 @@ pub enum PostError {
     /// The operation does not exist for this QP type (e.g. READ on UC, RDMA on UD).
     #[error("operation not supported on this QP type")]
     UnsupportedOp,
-    /// Too many scatter/gather entries, or inline data too long, or an atomic SGE that is
-    /// not 8 bytes.
+    /// Too many scatter/gather entries, or inline data too long, or an atomic or ATOMIC WRITE
+    /// whose data is not 8 bytes, or a FLUSH with data.
     #[error("invalid scatter/gather list or inline data")]
     InvalidSgl,
     /// A UD send without a destination, or an RC/UC send with one.
@@ -291,14 +291,17 @@ impl QueuePair {
         }
         match &wr.data {
             SendData::Sges(s) if s.len() > self.cfg.max_sge => return Err(PostError::InvalidSgl),
-            SendData::Inline(d)
-                if d.len() > self.cfg.max_inline_data || wr.op.is_read_or_atomic() =>
-            {
+            SendData::Inline(d) if d.len() > self.cfg.max_inline_data || wr.op.returns_data() => {
                 return Err(PostError::InvalidSgl)
             }
             _ => {}
         }
-        if wr.op.is_atomic() && wr.len() != 8 {
+        let atomic_sized = wr.op.is_atomic() || matches!(wr.op, SendOp::AtomicWrite { .. });
+        if atomic_sized && wr.len() != 8 {
+            return Err(PostError::InvalidSgl);
+        }
+        if matches!(wr.op, SendOp::Flush { .. }) && !wr.is_empty() {
+            // A FLUSH carries no data.
             return Err(PostError::InvalidSgl);
         }
         if self.cfg.sq_sig_all {
@@ -308,7 +311,8 @@ impl QueuePair {
         let mtu = self.attr.path_mtu.bytes() as u64;
         let npkts = match wr.op {
             SendOp::LocalInv { .. } => 0,
-            op if op.is_atomic() => 1,
+            // One packet, one PSN: the atomics, ATOMIC WRITE and FLUSH.
+            op if op.is_read_or_atomic() && !matches!(op, SendOp::RdmaRead { .. }) => 1,
             _ => len.div_ceil(mtu).max(1) as u32,
         };
         self.sq.push_back(SendWqe {

@@ -244,6 +244,12 @@ impl Completer {
             cx.stats.drop_psn += 1;
             return;
         };
+        if let (SendOp::AtomicWrite { .. } | SendOp::Flush { .. }, Some(first)) =
+            (w.wr.op, w.first_psn)
+        {
+            self.on_empty_read_response(req, cx, now, packet, first);
+            return;
+        }
         let (SendOp::RdmaRead { .. }, Some(first)) = (w.wr.op, w.first_psn) else {
             // A response that does not belong to the oldest WQE: maybe an old duplicate; the
             // AETH of FIRST/LAST/ONLY still acknowledges what precedes it.
@@ -302,6 +308,44 @@ impl Completer {
             cx.complete_front(WcStatus::Success);
             self.complete_covered(req, cx);
         }
+        self.progress_made(req, cx, now);
+    }
+
+    /// The response to an ATOMIC WRITE or FLUSH at the front: an RDMA READ response ONLY with
+    /// no payload at the WR's PSN (IBTA 1.5 A19; rxe `send_read_response_ack`).
+    fn on_empty_read_response(
+        &mut self,
+        req: &mut Requester,
+        cx: &mut QpCtx<'_>,
+        now: Instant,
+        packet: &PacketRepr<'_>,
+        first: Psn,
+    ) {
+        let psn = packet.bth.psn;
+        let all_sent = cx.sq.front().is_some_and(|w| w.all_sent);
+        if psn != first || !all_sent {
+            // A duplicate, or a response to something else: the ACK part of its AETH still
+            // acknowledges what precedes it, as for any READ response out of place.
+            if packet.ext.aeth.is_some() && self.psn_outstanding(req, cx, psn) && psn != first {
+                self.on_ack(req, cx, now, psn);
+            } else {
+                cx.stats.drop_psn += 1;
+            }
+            return;
+        }
+        if packet.bth.opcode != Opcode::RcRdmaReadResponseOnly || !packet.payload.is_empty() {
+            cx.stats.drop_length += 1;
+            cx.fail_front(WcStatus::BadRespErr);
+            return;
+        }
+        if let Some(w) = cx.sq.front_mut() {
+            w.read_pkts_done = 1;
+        }
+        if psn.is_after(self.acked_psn) {
+            self.acked_psn = psn;
+        }
+        cx.complete_front(WcStatus::Success);
+        self.complete_covered(req, cx);
         self.progress_made(req, cx, now);
     }
 

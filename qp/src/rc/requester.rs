@@ -15,7 +15,7 @@
 //!   the missing part of a READ (rxe `req_retry`).
 
 use roce_wire::opcode::{ExtHeaders, Operation, Position, Transport};
-use roce_wire::{atomic_eth, bth, ieth, immdt, reth, Ext, Opcode, Psn};
+use roce_wire::{atomic_eth, bth, feth, ieth, immdt, reth, Ext, Opcode, Psn};
 
 use super::emit_in_place;
 use crate::ctx::QpCtx;
@@ -108,6 +108,8 @@ fn opcode_for(op: SendOp, first: bool, last: bool, uc: bool) -> Option<Opcode> {
             (Operation::CompareSwap, Position::Only, ExtHeaders::NONE)
         }
         SendOp::AtomicFetchAndAdd { .. } => (Operation::FetchAdd, Position::Only, ExtHeaders::NONE),
+        SendOp::AtomicWrite { .. } => (Operation::AtomicWrite, Position::Only, ExtHeaders::NONE),
+        SendOp::Flush { .. } => (Operation::Flush, Position::Only, ExtHeaders::NONE),
         SendOp::LocalInv { .. } => return None,
     };
     let transport = if uc { Transport::Uc } else { Transport::Rc };
@@ -263,6 +265,35 @@ impl Requester {
                     rkey,
                     swap_add: add,
                     compare: 0,
+                });
+                b.ack_req = true;
+                (0, 1)
+            }
+            SendOp::AtomicWrite { remote_addr, rkey } => {
+                // The 8 bytes of data are the payload (A19.4.2: DMA length 8).
+                ext.reth = Some(reth::Repr {
+                    va: remote_addr,
+                    rkey,
+                    dma_len: 8,
+                });
+                b.ack_req = true;
+                (w.len as usize, 1)
+            }
+            SendOp::Flush {
+                remote_addr,
+                rkey,
+                len,
+                placement,
+                level,
+            } => {
+                ext.feth = Some(feth::Repr {
+                    placement: placement.bits(),
+                    selectivity: level as u8,
+                });
+                ext.reth = Some(reth::Repr {
+                    va: remote_addr,
+                    rkey,
+                    dma_len: len,
                 });
                 b.ack_req = true;
                 (0, 1)

@@ -30,7 +30,9 @@ use roce_wire::{aeth, atomic_ack_eth, bth, Ext, Msn, Opcode, PacketRepr, Psn, RK
 use super::emit_in_place;
 use crate::ctx::QpCtx;
 use crate::mem::{AtomicOp, MemError};
-use crate::verbs::{Completion, CqSide, QpState, QpType, RecvWr, WcOpcode, WcStatus};
+use crate::verbs::{
+    Completion, CqSide, FlushPlacement, QpState, QpType, RecvWr, WcOpcode, WcStatus,
+};
 
 /// A message being received.
 #[derive(Debug)]
@@ -60,6 +62,11 @@ enum Resource {
     Atomic {
         psn: Psn,
         orig: u64,
+    },
+    /// An ATOMIC WRITE or FLUSH executed at `psn`: a duplicate gets the same empty READ
+    /// response and is never executed again (rxe `res->replay`).
+    Done {
+        psn: Psn,
     },
 }
 
@@ -400,10 +407,94 @@ impl Responder {
                 let msn = self.msn;
                 self.out.push_back(RespJob::AtomicAck { psn, orig, msn });
             }
-            // FLUSH / ATOMIC WRITE are not offered by this device.
+            Operation::AtomicWrite => {
+                // rxe order: REMOTE_WRITE on the QP, a responder resource, the rkey and range,
+                // the length (exactly 8 bytes, as the RETH says), then the alignment.
+                if !cx.access_allows(Access::REMOTE_WRITE) || cx.attr.max_dest_rd_atomic == 0 {
+                    return Err(INV_REQ);
+                }
+                Self::check_length(cx, packet, Position::Only)?;
+                let Some(reth) = packet.ext.reth else {
+                    return Err(INV_REQ);
+                };
+                let len = u64::from(reth.dma_len);
+                if len > 1 << 31 {
+                    return Err(INV_REQ);
+                }
+                cx.mem
+                    .check_remote(cx.qpn, reth.rkey, reth.va, len.max(1), Access::REMOTE_WRITE)
+                    .map_err(from_mem)?;
+                let Ok(value) = <[u8; 8]>::try_from(packet.payload) else {
+                    return Err(INV_REQ);
+                };
+                if len != 8 {
+                    return Err(INV_REQ);
+                }
+                cx.mem
+                    .atomic_write(cx.qpn, reth.rkey, reth.va, &value)
+                    .map_err(from_mem)?;
+                self.executed_without_data(cx, psn);
+            }
+            Operation::Flush => {
+                let Some(feth) = packet.ext.feth else {
+                    return Err(INV_REQ);
+                };
+                let placement = FlushPlacement::from_bits(feth.placement);
+                let mut needed = Access::empty();
+                if placement.contains(FlushPlacement::GLOBAL) {
+                    needed |= Access::FLUSH_GLOBAL;
+                }
+                if placement.contains(FlushPlacement::PERSISTENT) {
+                    needed |= Access::FLUSH_PERSISTENT;
+                }
+                if !cx.access_allows(needed) || cx.attr.max_dest_rd_atomic == 0 {
+                    return Err(INV_REQ);
+                }
+                let Some(reth) = packet.ext.reth else {
+                    return Err(INV_REQ);
+                };
+                let len = u64::from(reth.dma_len);
+                if len > 1 << 31 {
+                    return Err(INV_REQ);
+                }
+                // The rkey must grant the placement's FLUSH rights. A range flush checks its
+                // range; a region flush (selectivity 1) checks the key at the given address
+                // (rxe skips the range; our table checks keys at an address).
+                cx.mem
+                    .check_remote(cx.qpn, reth.rkey, reth.va, len.max(1), needed)
+                    .map_err(from_mem)?;
+                // Region memory is ordinary host memory that every access reaches at once:
+                // a fence orders this FLUSH after the writes before it, for global visibility
+                // and for "persistence" alike (nothing here is more durable than memory).
+                std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+                self.executed_without_data(cx, psn);
+            }
+            // Responses, CNPs: not requests.
             _ => return Err(INV_REQ),
         }
         Ok(())
+    }
+
+    /// An ATOMIC WRITE or FLUSH at `psn` executed: remember it for duplicates and answer with
+    /// an RDMA READ response ONLY without payload (IBTA 1.5 A19; rxe `send_read_response_ack`).
+    fn executed_without_data(&mut self, cx: &QpCtx<'_>, psn: Psn) {
+        self.save_resource(cx, Resource::Done { psn });
+        self.msn = self.msn.add(1);
+        self.epsn = psn.next();
+        self.push_empty_read_response(psn);
+    }
+
+    fn push_empty_read_response(&mut self, psn: Psn) {
+        let msn = self.msn;
+        self.out.push_back(RespJob::Read {
+            psn,
+            va: 0,
+            rkey: RKey::new(0),
+            remaining: 0,
+            first: true,
+            msn,
+            duplicate: false,
+        });
     }
 
     fn save_resource(&mut self, cx: &QpCtx<'_>, r: Resource) {
@@ -574,7 +665,7 @@ impl Responder {
                             && reth.va.saturating_add(u64::from(reth.dma_len))
                                 <= va.saturating_add(len)
                     }
-                    Resource::Atomic { .. } => false,
+                    Resource::Atomic { .. } | Resource::Done { .. } => false,
                 });
                 if found {
                     // The requester went back to `psn`: whatever we still meant to send from
@@ -609,6 +700,18 @@ impl Responder {
                         self.out.push_back(RespJob::AtomicAck { psn, orig, msn });
                     }
                     None => cx.stats.drop_psn += 1,
+                }
+            }
+            Operation::AtomicWrite | Operation::Flush => {
+                // oA19-14/15 and rxe: acknowledged again, never executed twice.
+                let found = self
+                    .resources
+                    .iter()
+                    .any(|r| matches!(*r, Resource::Done { psn: p } if p == psn));
+                if found {
+                    self.push_empty_read_response(psn);
+                } else {
+                    cx.stats.drop_psn += 1;
                 }
             }
             _ => cx.stats.drop_opcode += 1,

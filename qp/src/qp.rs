@@ -367,35 +367,9 @@ impl QueuePair {
     }
 
     fn handle_packet_inner(&mut self, now: Instant, packet: &PacketRepr<'_>, meta: &RecvMeta) {
-        if !matches!(
-            self.state,
-            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
-        ) {
-            self.stats.drop_state += 1;
-            return;
-        }
-        if !packet.bth.pkey.matches(PKey::DEFAULT) {
-            self.stats.drop_pkey += 1;
-            return;
-        }
-        let Some(info) = packet.bth.opcode.info() else {
-            self.stats.drop_opcode += 1;
+        let Some(info) = self.accepts(&packet.bth, meta) else {
             return;
         };
-        let transport_ok = matches!(
-            (self.cfg.qp_type, packet.bth.opcode.transport()),
-            (QpType::Rc, roce_wire::opcode::Transport::Rc)
-                | (QpType::Uc, roce_wire::opcode::Transport::Uc)
-                | (QpType::Ud, roce_wire::opcode::Transport::Ud)
-        );
-        if !transport_ok {
-            self.stats.drop_opcode += 1;
-            return;
-        }
-        if self.cfg.qp_type != QpType::Ud && meta.sgid != self.attr.ah.dgid {
-            self.stats.drop_address += 1;
-            return;
-        }
         self.stats.rx_packets += 1;
         self.stats.rx_bytes += packet.payload.len() as u64;
         match self.cfg.qp_type {
@@ -409,6 +383,62 @@ impl QueuePair {
             }
             _ => self.with_ctx(|cx, e| e.resp.on_request(cx, packet)),
         }
+    }
+
+    /// Feeds a packet addressed to this QP that the transport could not parse because its BTH
+    /// PadCnt is larger than the bytes after its headers (`ParseError::BadPadCount`); `bth` is
+    /// its parsed BTH. Linux rxe answers such a request as a length error: an in-sequence RC
+    /// SEND, RDMA WRITE or ATOMIC WRITE is NAKed invalid request (0x61) and the QP enters ERR;
+    /// UC drops the message; other opcodes are dropped (counted in `drop_length`).
+    pub fn handle_bad_pad(&mut self, _now: Instant, bth: &roce_wire::bth::Repr, meta: &RecvMeta) {
+        if self.accepts(bth, meta).is_some() {
+            if self.cfg.qp_type == QpType::Ud {
+                self.stats.drop_length += 1;
+            } else {
+                self.with_ctx(|cx, e| e.resp.on_bad_pad(cx, bth));
+            }
+        }
+        self.invariants();
+    }
+
+    /// The checks every received packet passes before an engine sees it (state, P_Key, opcode
+    /// known and of the QP's transport, source address), each refusal counted; the opcode's
+    /// table entry if it passes.
+    fn accepts(
+        &mut self,
+        bth: &roce_wire::bth::Repr,
+        meta: &RecvMeta,
+    ) -> Option<&'static roce_wire::opcode::OpcodeInfo> {
+        if !matches!(
+            self.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        ) {
+            self.stats.drop_state += 1;
+            return None;
+        }
+        if !bth.pkey.matches(PKey::DEFAULT) {
+            self.stats.drop_pkey += 1;
+            return None;
+        }
+        let Some(info) = bth.opcode.info() else {
+            self.stats.drop_opcode += 1;
+            return None;
+        };
+        let transport_ok = matches!(
+            (self.cfg.qp_type, bth.opcode.transport()),
+            (QpType::Rc, roce_wire::opcode::Transport::Rc)
+                | (QpType::Uc, roce_wire::opcode::Transport::Uc)
+                | (QpType::Ud, roce_wire::opcode::Transport::Ud)
+        );
+        if !transport_ok {
+            self.stats.drop_opcode += 1;
+            return None;
+        }
+        if self.cfg.qp_type != QpType::Ud && meta.sgid != self.attr.ah.dgid {
+            self.stats.drop_address += 1;
+            return None;
+        }
+        Some(info)
     }
 
     /// Fires the timers whose deadline is at or before `now`.

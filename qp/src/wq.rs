@@ -150,4 +150,10 @@ impl RecvQueue {
             Self::Shared(s) => s.push_front(wr),
         }
     }
+    pub(crate) fn is_empty(&self) -> bool {
+        match self {
+            Self::Own(q) => q.is_empty(),
+            Self::Shared(s) => s.is_empty(),
+        }
+    }
 }

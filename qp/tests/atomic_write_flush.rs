@@ -229,7 +229,10 @@ fn a_duplicate_atomic_write_is_answered_again_but_not_executed_again() {
         .iter()
         .filter(|t| t.opcode == Opcode::RcRdmaReadResponseOnly)
         .count();
-    assert_eq!(answers, 1, "the re-answer (the trace leaves the dropped one out)");
+    assert_eq!(
+        answers, 1,
+        "the re-answer (the trace leaves the dropped one out)"
+    );
 }
 
 //= ibta-v1.5#A19.4.1

@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 
 use roce_mr::Access;
 use roce_wire::aeth::{NakCode, Syndrome, CREDIT_INVALID};
-use roce_wire::opcode::{Operation, Position};
+use roce_wire::opcode::{OpcodeInfo, Operation, Position};
 use roce_wire::{aeth, atomic_ack_eth, bth, Ext, Msn, Opcode, PacketRepr, Psn, RKey};
 
 use super::emit_in_place;
@@ -225,6 +225,20 @@ impl Responder {
             return;
         }
         let psn = packet.bth.psn;
+        if !self.in_sequence(cx, psn) {
+            if psn.is_before(self.epsn) {
+                self.duplicate_request(cx, packet);
+            }
+            return;
+        }
+        let result = self.execute(cx, packet);
+        self.answer(cx, psn, result);
+    }
+
+    /// The RC PSN check (rxe `check_psn`): true for the expected PSN. A PSN after it gets one
+    /// sequence-error NAK, then silent drops (C9-112); one before it is a duplicate, which
+    /// the caller handles.
+    fn in_sequence(&mut self, cx: &mut QpCtx<'_>, psn: Psn) -> bool {
         if psn.is_after(self.epsn) {
             if self.nak_sent {
                 cx.stats.drop_psn += 1;
@@ -238,14 +252,18 @@ impl Responder {
                     msn,
                 });
             }
-            return;
+            return false;
         }
         if psn.is_before(self.epsn) {
-            self.duplicate_request(cx, packet);
-            return;
+            return false;
         }
         self.nak_sent = false;
-        match self.execute(cx, packet) {
+        true
+    }
+
+    /// Answers an in-sequence request that was executed (`Ok`) or refused.
+    fn answer(&mut self, cx: &mut QpCtx<'_>, psn: Psn, result: Result<(), Reject>) {
+        match result {
             Ok(()) => {}
             Err(Reject::Rnr) => {
                 cx.stats.rnr_naks_sent += 1;
@@ -275,6 +293,67 @@ impl Responder {
                 }
                 cx.enter_error(Some(status));
             }
+        }
+    }
+
+    /// A request whose BTH PadCnt exceeds the bytes after its headers (the transport could
+    /// not parse it; `bth` is all there is). rxe computes a negative payload length, which its
+    /// length check (`rxe_resp_check_length`, C9-92) refuses: an RC request in sequence that
+    /// carries a payload (SEND, RDMA WRITE, ATOMIC WRITE) is NAKed invalid request (0x61) and
+    /// the QP enters ERR, after the checks rxe runs first (PSN, opcode sequence, QP rights,
+    /// responder resources, a receive WR for a SEND: RNR NAK without one). Out-of-sequence and
+    /// duplicate PSNs are handled as for any request; UC drops the message in progress.
+    pub(crate) fn on_bad_pad(&mut self, cx: &mut QpCtx<'_>, bth: &bth::Repr) {
+        let Some(info) = bth.opcode.info() else {
+            cx.stats.drop_length += 1;
+            return;
+        };
+        if !info.payload || info.is_response() {
+            // rxe's length check looks at payload-bearing requests only; these are dropped.
+            cx.stats.drop_length += 1;
+            return;
+        }
+        if cx.qp_type() == QpType::Uc {
+            // Class D: the message is dropped; reception resumes at the next FIRST/ONLY.
+            cx.stats.drop_length += 1;
+            self.uc_drop_message(cx);
+            if bth.psn == self.epsn {
+                self.epsn = bth.psn.next();
+            }
+            return;
+        }
+        if !self.in_sequence(cx, bth.psn) {
+            if bth.psn.is_before(self.epsn) {
+                // A duplicate SEND/WRITE is acknowledged again whatever its length (C9-105).
+                cx.stats.duplicate_requests += 1;
+                if matches!(info.operation, Operation::Send | Operation::Write) {
+                    self.push_ack(self.epsn.sub(1));
+                } else {
+                    cx.stats.drop_length += 1;
+                }
+            }
+            return;
+        }
+        let result = self.bad_length_reject(cx, info);
+        self.answer(cx, bth.psn, Err(result));
+    }
+
+    /// What an in-sequence request with an impossible payload length gets, rxe's checks in
+    /// order up to its length check.
+    fn bad_length_reject(&mut self, cx: &QpCtx<'_>, info: &OpcodeInfo) -> Reject {
+        let continues = matches!(info.position, Position::Middle | Position::Last);
+        let seq_ok = match (&self.cur, info.operation) {
+            (Some(InMsg::Send { .. }), Operation::Send) => continues,
+            (Some(InMsg::Write { .. }), Operation::Write) => continues,
+            (Some(_), _) => false,
+            (None, _) => !continues,
+        };
+        if !seq_ok {
+            return INV_REQ;
+        }
+        match info.operation {
+            Operation::Send if info.is_start() && cx.rq.is_empty() => Reject::Rnr,
+            _ => INV_REQ,
         }
     }
 

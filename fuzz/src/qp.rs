@@ -22,7 +22,8 @@ use std::sync::Arc;
 use roce_mr::{Access, MrTable, Pd};
 use roce_qp::state::{AttrMask, QpAttr};
 use roce_qp::verbs::{
-    AddressHandle, CqSide, Mtu, QpState, QpType, RecvWr, SendData, SendOp, SendWr, Sge,
+    AddressHandle, CqSide, FlushLevel, FlushPlacement, Mtu, QpState, QpType, RecvWr, SendData,
+    SendOp, SendWr, Sge,
 };
 use roce_qp::{Instant, Mem, QpConfig, QueuePair, RecvMeta};
 use roce_wire::aeth::{NakCode, Syndrome};
@@ -126,6 +127,8 @@ impl Harness {
             (1, Access::REMOTE_WRITE),
             (2, Access::REMOTE_READ),
             (4, Access::REMOTE_ATOMIC),
+            (8, Access::FLUSH_GLOBAL),
+            (16, Access::FLUSH_PERSISTENT),
         ] {
             if rights & bit == 0 {
                 access |= a;
@@ -139,7 +142,9 @@ impl Harness {
         let full = Access::LOCAL_WRITE
             | Access::REMOTE_WRITE
             | Access::REMOTE_READ
-            | Access::REMOTE_ATOMIC;
+            | Access::REMOTE_ATOMIC
+            | Access::FLUSH_GLOBAL
+            | Access::FLUSH_PERSISTENT;
         let regions = [
             register(&table, pd, 0x10_0000, full),
             register(&table, pd, 0x20_0000, Access::LOCAL_WRITE),
@@ -289,7 +294,7 @@ impl Harness {
 
     fn post_send(&mut self, s: &mut Script<'_>) {
         let (remote_addr, rkey) = self.remote(s);
-        let op = match s.u8() % 9 {
+        let op = match s.u8() % 11 {
             0 => SendOp::Send,
             1 => SendOp::SendWithImm { imm: s.u32() },
             2 => SendOp::SendWithInv { rkey },
@@ -311,12 +316,25 @@ impl Harness {
                 rkey,
                 add: s.u64(),
             },
+            8 => SendOp::AtomicWrite { remote_addr, rkey },
+            9 => SendOp::Flush {
+                remote_addr,
+                rkey,
+                len: u32::from(s.u16()),
+                placement: FlushPlacement::from_bits(s.u8()),
+                level: if s.u8() & 1 == 0 {
+                    FlushLevel::Range
+                } else {
+                    FlushLevel::Mr
+                },
+            },
             _ => SendOp::LocalInv { key: s.u32() },
         };
         let flags = s.u8();
         let max = (self.mtu as u32) * 3;
-        let data = if flags & 1 == 0 || op.is_read_or_atomic() {
-            let sges = if op.is_atomic() && flags & 2 == 0 {
+        let data = if flags & 1 == 0 || op.returns_data() {
+            let eight = op.is_atomic() || matches!(op, SendOp::AtomicWrite { .. });
+            let sges = if eight && flags & 2 == 0 {
                 let r = self.regions[usize::from(flags >> 7)];
                 vec![Sge {
                     addr: r.addr + (u64::from(s.u16()) & !7) % REGION_LEN,
@@ -568,7 +586,19 @@ pub fn qp_responder(data: &[u8]) {
                 let bytes = s.bytes(n).to_vec();
                 h.deliver(&bytes);
             }
-            11 | 12 => {
+            11 => {
+                // A request whose PadCnt exceeds its payload: only its BTH reaches the QP.
+                let opcode = Opcode::from_u8(s.u8());
+                let delta = s.u8() as i8;
+                let psn = cursor.add(delta as u32 % 4);
+                let mut b = bth::Repr::new(opcode, LOCAL_QPN, psn);
+                b.pad_cnt = 3;
+                let meta = RecvMeta::new(h.peer, Gid::from(Ipv4Addr::new(10, 0, 0, 1)));
+                h.qp.handle_bad_pad(h.now, &b, &meta);
+                h.drain();
+                cursor = psn.next();
+            }
+            12 => {
                 h.post_recv(&mut s);
                 h.drain();
             }

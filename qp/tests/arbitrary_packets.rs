@@ -15,7 +15,10 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use roce_mr::{Access, MrTable};
 use roce_qp::state::{AttrMask, QpAttr};
-use roce_qp::verbs::{AddressHandle, CqSide, Mtu, QpState, QpType, RecvWr, SendOp, SendWr, Sge};
+use roce_qp::verbs::{
+    AddressHandle, CqSide, FlushLevel, FlushPlacement, Mtu, QpState, QpType, RecvWr, SendOp,
+    SendWr, Sge,
+};
 use roce_qp::{Instant, Mem, QpConfig, QueuePair, RecvMeta};
 use roce_wire::aeth::Syndrome;
 use roce_wire::opcode::ExtHeaders;
@@ -131,8 +134,12 @@ struct Rig {
 fn rig(target: QpState) -> Rig {
     let table = Arc::new(MrTable::new(16, 7));
     let pd = table.alloc_pd();
-    let all =
-        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let all = Access::LOCAL_WRITE
+        | Access::REMOTE_WRITE
+        | Access::REMOTE_READ
+        | Access::REMOTE_ATOMIC
+        | Access::FLUSH_GLOBAL
+        | Access::FLUSH_PERSISTENT;
     let key = table
         .register(pd, vec![0u8; LEN as usize].into_boxed_slice(), BASE, all)
         .expect("register")
@@ -241,11 +248,31 @@ fn rig(target: QpState) -> Rig {
                     8,
                 ),
                 (SendOp::Send, 10),
+                (
+                    SendOp::AtomicWrite {
+                        remote_addr: BASE + 64,
+                        rkey,
+                    },
+                    8,
+                ),
+                (
+                    SendOp::Flush {
+                        remote_addr: BASE,
+                        rkey,
+                        len: 64,
+                        placement: FlushPlacement::GLOBAL,
+                        level: FlushLevel::Range,
+                    },
+                    0,
+                ),
             ];
             for (i, (op, len)) in ops.into_iter().enumerate() {
                 let id = i as u64 + 1;
-                r.qp.post_send(r.now, SendWr::new(id, op, vec![sge(len)]))
-                    .expect("post");
+                r.qp.post_send(
+                    r.now,
+                    SendWr::new(id, op, if len == 0 { vec![] } else { vec![sge(len)] }),
+                )
+                .expect("post");
                 r.sends.insert(id);
             }
             r.drain();
@@ -423,7 +450,7 @@ fn rig_reaches_each_state() {
         let r = rig(state);
         assert_eq!(r.qp.state(), state);
         if matches!(state, QpState::Rts | QpState::Sqd) {
-            assert_eq!(r.qp.send_queue_len(), 5, "{state:?}: sends outstanding");
+            assert_eq!(r.qp.send_queue_len(), 7, "{state:?}: sends outstanding");
         }
     }
     let r = rig(QpState::Err);

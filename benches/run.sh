@@ -25,8 +25,8 @@ args=()
 [ "$(id -u)" = 0 ] || args+=(--no-veth)
 
 # bench-all removes its namespaces itself (also on Ctrl-C); this catches a hard kill.
-trap 'for ns in $(ip netns list 2>/dev/null | grep -o "^rb[0-9]*[ab]"); do
-          pid=${ns:2:-1}; [ -d "/proc/$pid" ] || ip netns delete "$ns"; done' EXIT
+trap 'for ns in $(ip netns list 2>/dev/null | grep -o "^roce-bench-[0-9]*-[0-9]*-[ab]"); do
+          pid=${ns#roce-bench-}; pid=${pid%%-*}; [ -d "/proc/$pid" ] || ip netns delete "$ns"; done' EXIT
 # ours.cmds runs rocectl's perftest tools from $ROCECTL.
 cargo build -q -p rocectl --release
 export ROCECTL="$PWD/target/release/rocectl"

@@ -4,11 +4,14 @@
 #   tshark    Wireshark's dissector: checks that our captures decode as RoCE
 #   iproute2  `ip netns`/veth for the two-namespace integration tests
 #   nftables  kernel packet loss (numgen random) for the lossy-network tests
+#   python3   the fake pingpong peers of bin/tests/pingpong_errors.rs (a test fails in CI
+#             without it, by the test kit's skip policy)
 set -euo pipefail
 need=()
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "setup: missing ${need[*]}; run as root or: sudo apt-get install ${need[*]}" >&2

@@ -49,9 +49,15 @@ pub(crate) struct DemoArgs {
 
 /// Runs the demo.
 pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
+    // Sizes first: nothing is allocated or opened before they are known to fit.
+    for &size in &args.sizes {
+        crate::limits::check_size("--sizes", size as u64, 0)?;
+    }
     let capture = match &args.pcap {
         Some(p) => {
-            Some(CaptureFile::create(p).with_context(|| format!("creating {}", p.display()))?)
+            let c = CaptureFile::create(p).with_context(|| format!("creating {}", p.display()))?;
+            crate::signals::register(&c);
+            Some(c)
         }
         None => None,
     };
@@ -62,7 +68,12 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
             DemoBackend::Sim => DeviceConfig::sim(&net, ip),
         }
         .name(name);
-        if let Some(c) = &capture {
+        // Without --pcap, ROCECTL_PCAP (one file per device), opened here to be registered.
+        let own = match &capture {
+            Some(c) => Some(c.clone()),
+            None => crate::signals::open_capture(None, name)?,
+        };
+        if let Some(c) = &own {
             cfg = cfg.capture(c);
         }
         Device::open(cfg).with_context(|| format!("opening device {name} on {ip}"))

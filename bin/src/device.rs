@@ -113,7 +113,7 @@ pub(crate) fn open_device(args: DeviceArgs) -> anyhow::Result<(Device, u8, Gid)>
     };
     let mut config = DeviceConfig::new(backend).name(dev.name.clone());
     config.mtu = args.mtu;
-    config.pcap = args.pcap;
+    config.capture = crate::signals::open_capture(args.pcap.as_deref(), &dev.name)?;
     config.progress = args.progress;
     // Initial PSNs and memory keys come from the seed: differ from run to run and from the
     // peer's, as `srand48(getpid() * time(NULL))` makes them in the stock tools.

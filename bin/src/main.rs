@@ -24,10 +24,12 @@ use oob::perftest::Tool;
 mod demo;
 mod device;
 mod devinfo;
+mod limits;
 mod oob;
 mod pcap;
 mod perftest;
 mod pingpong;
+mod signals;
 
 /// Command-line arguments.
 #[derive(Debug, Parser)]
@@ -78,6 +80,14 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Commands that can capture close their captures on SIGINT/SIGTERM ([`signals`]).
+    let captures = !matches!(cli.command, Command::Devinfo(_) | Command::Pcap(_));
+    if captures {
+        if let Err(err) = signals::install() {
+            eprintln!("rocectl: error: {err:#}");
+            return ExitCode::FAILURE;
+        }
+    }
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
         Command::Devinfo(args) => devinfo::run(&args),

@@ -5,8 +5,12 @@
 //!   verified, its transport packet parsed, and the parsed representation re-emitted and compared
 //!   byte for byte with the capture (up to the end of the IP packet: an Ethernet trailer is not
 //!   part of the frame). It prints per-file and overall per-opcode counts, one line per failing
-//!   frame and closes with `N passed, N failed`.
+//!   frame and closes with `N passed, N failed`. A file without a single RoCEv2 frame fails.
 //! - `dump FILE` prints one tcpdump-style line per frame.
+//!
+//! Both read gzip-compressed captures (`.pcap.gz`, recognised by their magic number), and a
+//! capture that ends in the middle of a record (its writer was killed) is read up to that record,
+//! which is reported as `FILE: truncated last record at offset N, K bytes of M`.
 //! - `sample OUT` writes [`roce_wire::samples::all`] (one frame per opcode, plus IPv6 and 802.1Q)
 //!   as a pcap file that Wireshark dissects as RRoCE.
 //!
@@ -27,7 +31,9 @@ use clap::Subcommand;
 use etherparse::{ArpOperation, IpNumber, LaxNetSlice, LaxSlicedPacket, LinkSlice, TransportSlice};
 use roce_wire::frame::ROCEV2_PORT;
 use roce_wire::icrc::{self, ICRC_LEN};
-use roce_wire::pcap::{l3_offset, linktype, parse_link, read_capture, CapturedFrame, PcapWriter};
+use roce_wire::pcap::{
+    l3_offset, linktype, parse_link, read_capture_lenient, Capture, CapturedFrame, PcapWriter,
+};
 use roce_wire::{samples, Caps, Check, Frame, Opcode, ParseError};
 
 /// The `rocectl pcap` subcommands.
@@ -35,13 +41,13 @@ use roce_wire::{samples, Caps, Check, Frame, Opcode, ParseError};
 pub(crate) enum PcapCommand {
     /// Parse, ICRC-verify and re-emit every RoCEv2 frame; fail on any difference
     Check {
-        /// Captures to check (pcap or pcapng)
+        /// Captures to check (pcap or pcapng, optionally gzip-compressed)
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
     /// Print one tcpdump-style line per frame
     Dump {
-        /// Capture to print (pcap or pcapng)
+        /// Capture to print (pcap or pcapng, optionally gzip-compressed)
         file: PathBuf,
     },
     /// Write one sample frame per opcode (plus IPv6 and VLAN variants) to a pcap file
@@ -69,8 +75,8 @@ pub(crate) fn run(cmd: PcapCommand) -> Result<ExitCode> {
     Ok(code)
 }
 
-/// The first four bytes of the capture formats [`read_capture`] reads: pcap (micro- and
-/// nanosecond, either byte order) and pcapng.
+/// The first four bytes of the capture formats [`read_capture_lenient`] reads: pcap (micro- and
+/// nanosecond, either byte order) and pcapng; gzip-compressed captures start with [`GZIP`].
 const MAGICS: [[u8; 4]; 5] = [
     [0xD4, 0xC3, 0xB2, 0xA1],
     [0xA1, 0xB2, 0xC3, 0xD4],
@@ -79,24 +85,34 @@ const MAGICS: [[u8; 4]; 5] = [
     [0x0A, 0x0D, 0x0D, 0x0A],
 ];
 
-/// Reads a whole capture, with errors that name the file and say what went wrong.
-fn load(path: &Path) -> Result<Vec<CapturedFrame>> {
+/// The first two bytes of a gzip file (`.pcap.gz`).
+const GZIP: [u8; 2] = [0x1F, 0x8B];
+
+/// Reads a whole capture, with errors that name the file and say what went wrong. A capture
+/// that ends in the middle of a record (its writer was killed) gives its whole records and the
+/// cut one in [`Capture::truncated`].
+fn load(path: &Path) -> Result<Capture> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let known = bytes
-        .get(..4)
-        .is_some_and(|magic| MAGICS.iter().any(|m| m == magic));
+    let gzip = bytes.starts_with(&GZIP);
+    let known = gzip
+        || bytes
+            .get(..4)
+            .is_some_and(|magic| MAGICS.iter().any(|m| m == magic));
     if !known {
+        let gz_name = path.extension().is_some_and(|e| e == "gz");
         return Err(anyhow!(
-            "{}: not a pcap or pcapng capture (unknown file format)",
-            path.display()
+            "{}: not a pcap or pcapng capture{} (unknown file format)",
+            path.display(),
+            if gz_name { ", nor gzip-compressed" } else { "" }
         ));
     }
-    read_capture(&bytes[..]).map_err(|e| {
+    read_capture_lenient(&bytes[..]).map_err(|e| {
         let what = match e.kind() {
             io::ErrorKind::UnexpectedEof => "truncated capture",
             _ => "malformed capture",
         };
-        anyhow!("{}: {what} ({e})", path.display())
+        let gz = if gzip { " (gzip-compressed)" } else { "" };
+        anyhow!("{}: {what}{gz} ({e})", path.display())
     })
 }
 
@@ -368,14 +384,17 @@ impl Tally {
 
 /// `rocectl pcap check`: prints failing frames as they are found, then per-file and overall
 /// counts, and closes with `N passed, N failed`. Unreadable files are reported on stderr and
-/// the others still checked. The exit status fails if a frame failed, a file could not be read,
-/// or frames were on a link type that could not be examined.
+/// the others still checked. The exit status fails if a frame failed, a file could not be read
+/// or held no RoCEv2 frame at all, or frames were on a link type that could not be examined.
 fn check(files: &[PathBuf], out: &mut impl Write) -> Result<ExitCode> {
     let mut total = Tally::default();
     let mut unreadable = 0;
+    let mut empty = 0;
     for path in files {
-        let frames = match load(path) {
-            Ok(frames) => frames,
+        let Capture {
+            frames, truncated, ..
+        } = match load(path) {
+            Ok(capture) => capture,
             Err(e) => {
                 out.flush()?;
                 eprintln!("rocectl: error: {e:#}");
@@ -409,6 +428,10 @@ fn check(files: &[PathBuf], out: &mut impl Write) -> Result<ExitCode> {
             }
             tally.record(opcode, verdict.is_ok());
         }
+        if let Some(t) = truncated {
+            // What a writer killed mid-write leaves; the records before it are checked.
+            writeln!(out, "{}: {t} (not checked)", path.display())?;
+        }
         write!(out, "{}: ", path.display())?;
         tally.write(out)?;
         if !unsupported_links.is_empty() {
@@ -419,6 +442,17 @@ fn check(files: &[PathBuf], out: &mut impl Write) -> Result<ExitCode> {
                 path.display(),
                 tally.unsupported
             );
+        }
+        if tally.passed + tally.failed == 0 {
+            // Nothing was checked: a capture of the wrong traffic must not pass.
+            out.flush()?;
+            eprintln!(
+                "rocectl: error: {}: no RoCEv2 frame (UDP to port {ROCEV2_PORT}) among its {} \
+                 frames",
+                path.display(),
+                tally.frames
+            );
+            empty += 1;
         }
         total.merge(&tally);
     }
@@ -431,7 +465,7 @@ fn check(files: &[PathBuf], out: &mut impl Write) -> Result<ExitCode> {
         total.write(out)?;
     }
     writeln!(out, "{} passed, {} failed", total.passed, total.failed)?;
-    let ok = total.failed == 0 && unreadable == 0 && total.unsupported == 0;
+    let ok = total.failed == 0 && unreadable == 0 && empty == 0 && total.unsupported == 0;
     Ok(if ok {
         ExitCode::SUCCESS
     } else {
@@ -442,7 +476,9 @@ fn check(files: &[PathBuf], out: &mut impl Write) -> Result<ExitCode> {
 /// `rocectl pcap dump`: `N seconds summary` per frame, seconds relative to the first frame.
 /// Frames the codec refuses print the reason; nothing here panics on bad input.
 fn dump(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
-    let frames = load(path)?;
+    let Capture {
+        frames, truncated, ..
+    } = load(path)?;
     let t0 = frames.first().map(|f| f.timestamp).unwrap_or_default();
     for (i, cf) in frames.iter().enumerate() {
         let t = cf.timestamp.saturating_sub(t0);
@@ -458,6 +494,9 @@ fn dump(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
             )?,
         }
         writeln!(out)?;
+    }
+    if let Some(t) = truncated {
+        writeln!(out, "{}: {t}", path.display())?;
     }
     Ok(ExitCode::SUCCESS)
 }

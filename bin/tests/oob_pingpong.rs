@@ -5,7 +5,8 @@
 #[path = "../src/oob/mod.rs"]
 mod oob;
 
-use std::net::{Ipv4Addr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,7 @@ use oob::pingpong::{decode, encode, Layout, PingpongConn, PingpongDest, RECORD_L
 use oob::testing::{play, sent_by, transcript, turns};
 use oob::{accept, connect, OobError, Timeout};
 use roce_wire::{Gid, Psn, Qpn};
+use socket2::{Domain, Socket, Type};
 
 /// `shared/captures/rc_pingpong.pcap`, frame 4: the client's (10.77.0.2) record.
 const RC_CLIENT_FRAME4: &[u8; 52] = b"0000:000011:96d2ce:00000000000000000000ffff0a4d0002\0";
@@ -202,9 +204,12 @@ fn local_exchange_over_loopback() {
 fn silent_server_times_out_with_a_clear_error() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
+    // The peer holds the connection open, silent, until the test is done with it (at most
+    // 10 s), so only our 300 ms timeout can end the exchange.
+    let (done, hold_until) = mpsc::channel::<()>();
     let hold = thread::spawn(move || {
         let (s, _) = listener.accept().unwrap();
-        thread::sleep(Duration::from_millis(1_500));
+        let _ = hold_until.recv_timeout(Duration::from_secs(10));
         drop(s);
     });
     let t0 = Instant::now();
@@ -216,12 +221,13 @@ fn silent_server_times_out_with_a_clear_error() {
     let err = conn
         .client_exchange(&[PingpongDest::default()])
         .unwrap_err();
-    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
     assert!(matches!(err, OobError::Timeout { .. }), "{err:?}");
     assert_eq!(
         err.to_string(),
         "peer did not answer the exchange within 0.3s (waiting for the server's address)"
     );
+    done.send(()).unwrap();
     hold.join().unwrap();
 }
 
@@ -295,15 +301,20 @@ fn malformed_and_closed_peers_are_reported() {
 
 #[test]
 fn connect_retries_until_the_server_listens() {
-    // Find a free port, start listening on it a little later.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A private namespace (as root): nothing else can take the port, nor listen on it when
+    // the end of the test expects a refusal.
+    let _net = roce_testkit::netns::private_net();
+    // Hold a port without listening (a connect to it is refused, as to a closed port) and
+    // start listening on the same socket a little later: no window in which the port is free.
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    socket
+        .bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into())
+        .unwrap();
+    let port = socket.local_addr().unwrap().as_socket().unwrap().port();
     let server = thread::spawn(move || {
         thread::sleep(Duration::from_millis(300));
-        let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+        socket.listen(1).unwrap();
+        let listener = TcpListener::from(socket);
         let (s, _) = accept(&listener, T).unwrap();
         let mut conn = PingpongConn::new(s, Layout::Single, T);
         conn.server_read().unwrap();

@@ -3,6 +3,10 @@
 //! server nobody connects to, a server that is not there, one that accepts but never answers
 //! the exchange, and one that answers the exchange but whose RoCE side never answers (the RC
 //! retries run out and the completion status is printed as the stock tools print it).
+//!
+//! Each test that uses the network runs in a private network namespace (the test kit's
+//! `private_net`; `rocectl` inherits it from the test's thread), so the fixed TCP ports and
+//! 127.0.6x addresses cannot collide with anything else on the host.
 
 #[path = "../src/oob/mod.rs"]
 mod oob;
@@ -15,6 +19,7 @@ use std::time::{Duration, Instant};
 use oob::perftest::{PerftestConn, PerftestDest, Tool};
 use oob::Timeout;
 use perftest_common::{args, run, Output};
+use roce_testkit::netns::private_net;
 use roce_wire::{Gid, Psn, Qpn, RKey};
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -35,6 +40,8 @@ fn failed_with(out: &Output, needle: &str) {
 
 #[test]
 fn gid_index_that_does_not_exist() {
+    // A private namespace: the fixed ports and addresses below meet nothing of the host.
+    let _net = private_net();
     let t = Instant::now();
     let out = run(&args("write-bw -d lo -x 9 -p 28601 127.0.0.1"), LIMIT);
     failed_with(&out, "GID index 9 does not exist on lo");
@@ -72,6 +79,8 @@ fn options_a_tool_does_not_take() {
 
 #[test]
 fn server_nobody_connects_to() {
+    // A private namespace: the fixed ports and addresses below meet nothing of the host.
+    let _net = private_net();
     let t = Instant::now();
     let out = run(
         &args("write-bw --local 127.0.60.2 -p 28602 --accept-timeout 1"),
@@ -88,6 +97,8 @@ fn server_nobody_connects_to() {
 
 #[test]
 fn server_that_is_not_there() {
+    // A private namespace: the fixed ports and addresses below meet nothing of the host.
+    let _net = private_net();
     let t = Instant::now();
     let out = run(
         &args("send-lat --local 127.0.60.1 -p 28603 --timeout 1 127.0.60.3"),
@@ -99,6 +110,8 @@ fn server_that_is_not_there() {
 
 #[test]
 fn server_that_never_answers_the_exchange() {
+    // A private namespace: the fixed ports and addresses below meet nothing of the host.
+    let _net = private_net();
     let listener = TcpListener::bind("127.0.61.2:28604").unwrap();
     // Accept and keep the connection open without a word.
     let keeper = thread::spawn(move || {
@@ -119,6 +132,8 @@ fn server_that_never_answers_the_exchange() {
 
 #[test]
 fn roce_peer_that_never_answers() {
+    // A private namespace: the fixed ports and addresses below meet nothing of the host.
+    let _net = private_net();
     // A server that speaks perftest's exchange but has no queue pair behind its record: the
     // client's RDMA WRITEs go unacknowledged until the RC retries run out.
     let listener = TcpListener::bind("127.0.62.2:28605").unwrap();

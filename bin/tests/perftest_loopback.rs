@@ -9,6 +9,7 @@ mod perftest_common;
 use std::time::Duration;
 
 use perftest_common::{args, json_num, run, spawn, table, wait};
+use roce_testkit::netns::private_net;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -22,6 +23,9 @@ enum Kind {
 /// Runs `tool` with `extra` options on both sides (network `n`); returns both outputs'
 /// stdout after the checks common to every tool.
 fn pair(n: u8, tool: &str, extra: &str, kind: Kind) -> (String, String) {
+    // A private namespace per test (both `rocectl`s inherit it from this thread): the fixed
+    // ports meet nothing of the host's.
+    let _net = private_net();
     let port = 28_500 + u16::from(n);
     let server_args = args(&format!(
         "{tool} --local 127.0.{n}.2 -p {port} --accept-timeout 30 --timeout 20 --json {extra}"

@@ -198,7 +198,10 @@ fn python_peer(ns: &Netns, script: &str) -> Option<pingpong_support::Proc> {
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
-        eprintln!("skipped: python3 is needed for the fake peer");
+        roce_testkit::skip(
+            &roce_testkit::current_test(),
+            "python3 is needed for the fake peer (scripts/setup.sh installs it)",
+        );
         return None;
     }
     let program = format!(
@@ -218,7 +221,10 @@ fn python_peer(ns: &Netns, script: &str) -> Option<pingpong_support::Proc> {
          \x20   return b\n\
          {script}\n"
     );
-    Some(ns.spawn_program("python3", &["-c", &program]))
+    let peer = ns.spawn_program("python3", &["-c", &program]);
+    // The client connects only once: order the steps on the listening socket, not on time.
+    peer.wait_listening(18_515, LIMIT);
+    Some(peer)
 }
 
 #[test]

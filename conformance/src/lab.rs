@@ -32,15 +32,14 @@ use std::fmt::Write as _;
 use std::fs;
 use std::io;
 use std::os::unix::fs::FileTypeExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::Command;
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime};
 
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
+use roce_testkit::proc::SpawnError;
+pub use roce_testkit::proc::{Output, Proc};
 
 /// The TCP port the stock tools and ours exchange addresses on.
 pub const OOB_PORT: u16 = 18_515;
@@ -222,200 +221,13 @@ fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-/// How a child ended.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Output {
-    /// Exit code (`None`: killed by a signal).
-    pub code: Option<i32>,
-    /// The signal that killed it.
-    pub signal: Option<i32>,
-    /// It ran out of time (and was killed), or a guest job was killed at its timeout (124).
-    pub timed_out: bool,
-    /// Standard output.
-    pub stdout: String,
-    /// Standard error.
-    pub stderr: String,
-    /// Wall-clock time.
-    pub elapsed: Duration,
-}
-
-impl Output {
-    /// Exited 0 in time.
-    pub fn success(&self) -> bool {
-        self.code == Some(0) && !self.timed_out
-    }
-
-    /// `exit 0`, `exit 124 (timed out)`, `killed by signal 15 (timed out)`.
-    pub fn status_text(&self) -> String {
-        let base = match (self.code, self.signal) {
-            (Some(c), _) => format!("exit {c}"),
-            (None, Some(s)) => format!("killed by signal {s}"),
-            (None, None) => "no exit status".to_owned(),
-        };
-        if self.timed_out {
-            format!("{base} (timed out)")
-        } else {
-            base
+impl From<SpawnError> for LabError {
+    fn from(e: SpawnError) -> Self {
+        Self::Io {
+            what: e.what,
+            source: e.source,
         }
     }
-
-    /// stdout, then stderr.
-    pub fn combined(&self) -> String {
-        match (self.stdout.is_empty(), self.stderr.is_empty()) {
-            (_, true) => self.stdout.clone(),
-            (true, false) => self.stderr.clone(),
-            (false, false) => format!("{}{}", self.stdout, self.stderr),
-        }
-    }
-}
-
-static SEQ: AtomicUsize = AtomicUsize::new(0);
-
-/// A child process in its own process group, output to files, killed (group and all) when
-/// its time runs out or the handle is dropped.
-#[derive(Debug)]
-pub struct Proc {
-    child: Child,
-    what: String,
-    out_path: PathBuf,
-    err_path: PathBuf,
-    started: Instant,
-    done: bool,
-}
-
-impl Proc {
-    /// Starts `cmd` (stdin from `/dev/null`, stdout and stderr to files in `log_dir`).
-    ///
-    /// # Errors
-    /// The program could not be started.
-    pub fn spawn(mut cmd: Command, what: &str, log_dir: &Path) -> Result<Self, LabError> {
-        fs::create_dir_all(log_dir).map_err(io_err(format!("create {}", log_dir.display())))?;
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let slug: String = what
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-            .take(40)
-            .collect();
-        let stem = format!("{}-{n:03}-{slug}", std::process::id());
-        let out_path = log_dir.join(format!("{stem}.out"));
-        let err_path = log_dir.join(format!("{stem}.err"));
-        let out = fs::File::create(&out_path).map_err(io_err("create a log file"))?;
-        let err = fs::File::create(&err_path).map_err(io_err("create a log file"))?;
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .process_group(0)
-            .spawn()
-            .map_err(io_err(format!("start {what}")))?;
-        Ok(Self {
-            child,
-            what: what.to_owned(),
-            out_path,
-            err_path,
-            started: Instant::now(),
-            done: false,
-        })
-    }
-
-    /// The process id (also its process group id).
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// What it is.
-    pub fn what(&self) -> &str {
-        &self.what
-    }
-
-    /// Whether it has exited.
-    pub fn exited(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(Some(_)))
-    }
-
-    /// What it printed to stderr so far.
-    pub fn stderr_so_far(&self) -> String {
-        read_lossy(&self.err_path)
-    }
-
-    /// Waits at most `limit` (from now); on timeout kills the whole group (`SIGTERM`, then `SIGKILL`
-    /// after 2 s).
-    pub fn wait(mut self, limit: Duration) -> Output {
-        let deadline = Instant::now() + limit;
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(st)) => break Some(st),
-                Ok(None) if Instant::now() >= deadline => break None,
-                Ok(None) => sleep(Duration::from_millis(20)),
-                Err(_) => break None,
-            }
-        };
-        let timed_out = status.is_none();
-        let status = status.or_else(|| self.kill_group(Signal::SIGTERM));
-        self.finish(status, timed_out)
-    }
-
-    /// Sends `sig` to the group, waits up to `grace` for the process to exit, then kills the
-    /// group. For programs that stop cleanly on a signal (tcpdump on `SIGINT`).
-    pub fn stop(mut self, sig: Signal, grace: Duration) -> Output {
-        let _ = killpg(self.pgid(), sig);
-        let deadline = Instant::now() + grace;
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(st)) => break Some(st),
-                Ok(None) if Instant::now() >= deadline => break None,
-                Ok(None) => sleep(Duration::from_millis(20)),
-                Err(_) => break None,
-            }
-        };
-        let status = status.or_else(|| self.kill_group(Signal::SIGKILL));
-        self.finish(status, false)
-    }
-
-    fn pgid(&self) -> Pid {
-        Pid::from_raw(i32::try_from(self.child.id()).unwrap_or(i32::MAX))
-    }
-
-    /// `sig` to the group, 2 s for the leader to exit, then `SIGKILL` to the group; reaps.
-    fn kill_group(&mut self, sig: Signal) -> Option<ExitStatus> {
-        let _ = killpg(self.pgid(), sig);
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < deadline {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                let _ = killpg(self.pgid(), Signal::SIGKILL);
-                return Some(st);
-            }
-            sleep(Duration::from_millis(20));
-        }
-        let _ = killpg(self.pgid(), Signal::SIGKILL);
-        self.child.wait().ok()
-    }
-
-    fn finish(&mut self, status: Option<ExitStatus>, timed_out: bool) -> Output {
-        self.done = true;
-        Output {
-            code: status.and_then(|s| s.code()),
-            signal: status.and_then(|s| s.signal()),
-            timed_out,
-            stdout: read_lossy(&self.out_path),
-            stderr: read_lossy(&self.err_path),
-            elapsed: self.started.elapsed(),
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if !self.done {
-            self.kill_group(Signal::SIGTERM);
-        }
-    }
-}
-
-fn read_lossy(path: &Path) -> String {
-    fs::read(path)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
 }
 
 /// Runs `cmd` to completion within `limit` (see [`Proc`]).
@@ -428,7 +240,7 @@ pub fn run_bounded(
     limit: Duration,
     log_dir: &Path,
 ) -> Result<Output, LabError> {
-    Ok(Proc::spawn(cmd, what, log_dir)?.wait(limit))
+    Ok(roce_testkit::proc::run_bounded(cmd, what, limit, log_dir)?)
 }
 
 /// Like [`run_bounded`], but a timeout or a non-zero exit is an error.
@@ -634,7 +446,7 @@ pub enum Side {
 /// One row of the interop table: a tool in one direction.
 ///
 /// Both command lines may use the placeholders of [`Lab::vars`] (`@GUEST_IP@`, `@HOST_IP@`,
-/// `@GID@`, `@LAB_DIR@`, `@ROCECTL@`, `@OUT_DIR@`). The guest command is run by the guest's
+/// `@GUEST_IP6@`, `@HOST_IP6@`, `@GID@`, `@LAB_DIR@`, `@ROCECTL@`, `@OUT_DIR@`). The guest command is run by the guest's
 /// busybox `sh`, so `$(lab-info gid)` also works there; the host command by `sh -c` inside
 /// the namespace (`ip netns exec`). The server side listens on TCP [`OOB_PORT`].
 #[derive(Clone, Copy, Debug)]
@@ -873,9 +685,14 @@ impl Lab {
         let rocectl = std::env::var("ROCECTL").unwrap_or_else(|_| {
             path_str(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/rocectl"))
         });
+        // The lab's IPv6 addresses (ROCE_LAB_IPV6=1): guest A is `<prefix>1`, the bridge (us)
+        // `<prefix>fe` (shared/lab/rxe/lib.sh `guest_ip6`, `HOST_IP6`).
+        let prefix6 = std::env::var("ROCE_LAB_SUBNET6").unwrap_or_else(|_| "fd77::".to_owned());
         vec![
             ("GUEST_IP", self.info.guest_ip.clone()),
             ("HOST_IP", self.info.host_ip.clone()),
+            ("GUEST_IP6", format!("{prefix6}1")),
+            ("HOST_IP6", format!("{prefix6}fe")),
             ("GID", self.info.gid_index.to_string()),
             ("LAB_DIR", path_str(&self.cfg.lab_dir)),
             ("ROCECTL", rocectl),
@@ -996,7 +813,11 @@ impl Lab {
     /// # Errors
     /// It could not be started.
     pub fn spawn_ns(&self, shell_cmd: &str) -> Result<Proc, LabError> {
-        Proc::spawn(self.ns_command(shell_cmd), shell_cmd, &self.logs())
+        Ok(Proc::spawn(
+            self.ns_command(shell_cmd),
+            shell_cmd,
+            &self.logs(),
+        )?)
     }
 
     /// Starts tcpdump on the lab bridge (ARP, UDP 4791, TCP 18515, whole frames) writing

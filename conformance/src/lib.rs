@@ -4,5 +4,6 @@
 //! RC responder and compares what we answer with what rxe answered in the same capture:
 //! opcodes, PSNs, AETH syndromes, MSNs and payload lengths, packet for packet.
 
+pub mod hostile;
 pub mod lab;
 pub mod replay;

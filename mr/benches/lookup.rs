@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use roce_mr::{Access, Key, MrTable, Origin, Pd};
+use roce_wire::Qpn;
 
 const IOVA: u64 = 0x7f00_0000_0000;
 const RIGHTS: Access = Access::LOCAL_WRITE
@@ -31,7 +32,7 @@ fn one_access(table: &MrTable, pd: Pd, key: Key, i: u64) {
     let iova = IOVA + (i & 0x3FF) * 8;
     let c = table
         .check(
-            Origin::Remote { qpn: 1 },
+            Origin::Remote { qpn: Qpn::new(1) },
             key,
             pd,
             black_box(iova),
@@ -85,7 +86,7 @@ fn lookup(c: &mut Criterion) {
         let stale = keys[0].with_key8(keys[0].key8().wrapping_add(7));
         b.iter(|| {
             let r = table.check(
-                Origin::Remote { qpn: 1 },
+                Origin::Remote { qpn: Qpn::new(1) },
                 black_box(stale),
                 pd,
                 IOVA,
@@ -108,7 +109,7 @@ fn copy(c: &mut Criterion) {
             b.iter(|| {
                 let c = table
                     .check(
-                        Origin::Remote { qpn: 1 },
+                        Origin::Remote { qpn: Qpn::new(1) },
                         keys[0],
                         pd,
                         IOVA + 8,
@@ -126,7 +127,7 @@ fn copy(c: &mut Criterion) {
         b.iter(|| {
             let c = table
                 .check(
-                    Origin::Remote { qpn: 1 },
+                    Origin::Remote { qpn: Qpn::new(1) },
                     keys[0],
                     pd,
                     IOVA,

@@ -1,98 +1,19 @@
-//! Error types, one per operation, and how the queue pairs report them.
+//! Error types, one per operation.
 //!
-//! The queue pairs need two answers for a failed check: which NAK a responder sends
-//! (`../shared/spec/rocev2.md` section 7.9) and which work-completion status a local failure
-//! produces (section 9). [`Nak`] and [`WcStatus`] are plain enums here so that this crate does
-//! not depend on `roce-wire`.
+//! A failed remote check says which NAK the responder sends, in `roce-wire`'s vocabulary
+//! ([`NakCode`], `../shared/spec/rocev2.md` section 7.9). Which work-completion status a
+//! failure produces is the queue pairs' business (`roce_qp::verbs::WcStatus`, next to the
+//! completions).
+
+use roce_wire::aeth::NakCode;
 
 use crate::{Access, Key};
-
-/// NAK codes a responder sends for errors found here (AETH syndrome, IBTA 9.7.5.2.4).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum Nak {
-    /// NAK invalid request, syndrome 0x61: misaligned atomic, length error, failed invalidate.
-    InvalidRequest,
-    /// NAK remote access error, syndrome 0x62: R_Key, PD, rights or range violation.
-    RemoteAccessError,
-    /// NAK remote operational error, syndrome 0x63.
-    RemoteOperationalError,
-}
-
-impl Nak {
-    /// The AETH syndrome byte.
-    pub const fn syndrome(self) -> u8 {
-        match self {
-            Self::InvalidRequest => 0x61,
-            Self::RemoteAccessError => 0x62,
-            Self::RemoteOperationalError => 0x63,
-        }
-    }
-
-    /// The status the requester completes its work request with when it receives this NAK.
-    pub const fn requester_status(self) -> WcStatus {
-        match self {
-            Self::InvalidRequest => WcStatus::RemInvReqErr,
-            Self::RemoteAccessError => WcStatus::RemAccessErr,
-            Self::RemoteOperationalError => WcStatus::RemOpErr,
-        }
-    }
-}
-
-/// Work-completion status, `enum ibv_wc_status` (rdma-core verbs.h), same names and values.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-#[repr(u8)]
-pub enum WcStatus {
-    /// 0: success.
-    Success = 0,
-    /// 1: local length error.
-    LocLenErr = 1,
-    /// 2: local QP operation error (also failed LOCAL_INV / REG_MR in rxe).
-    LocQpOpErr = 2,
-    /// 3: local EE context operation error (RD only).
-    LocEecOpErr = 3,
-    /// 4: local protection error: bad lkey, wrong PD, or access not allowed for a local SGE.
-    LocProtErr = 4,
-    /// 5: work request flushed.
-    WrFlushErr = 5,
-    /// 6: memory window bind failed.
-    MwBindErr = 6,
-    /// 7: bad response.
-    BadRespErr = 7,
-    /// 8: local access error (receive side protection error for WRITE with immediate).
-    LocAccessErr = 8,
-    /// 9: remote invalid request (NAK 0x61).
-    RemInvReqErr = 9,
-    /// 10: remote access error (NAK 0x62).
-    RemAccessErr = 10,
-    /// 11: remote operational error (NAK 0x63).
-    RemOpErr = 11,
-    /// 12: transport retry counter exceeded.
-    RetryExcErr = 12,
-    /// 13: RNR retry counter exceeded.
-    RnrRetryExcErr = 13,
-    /// 14: local RDD violation (RD only).
-    LocRddViolErr = 14,
-    /// 15: remote invalid RD request.
-    RemInvRdReqErr = 15,
-    /// 16: remote abort.
-    RemAbortErr = 16,
-    /// 17: invalid EE context number.
-    InvEecnErr = 17,
-    /// 18: invalid EE context state.
-    InvEecStateErr = 18,
-    /// 19: fatal error.
-    FatalErr = 19,
-    /// 20: response timeout.
-    RespTimeoutErr = 20,
-    /// 21: general error.
-    GeneralErr = 21,
-}
 
 /// Why [`MrTable::check`](crate::MrTable::check) (or an operation on its result) refused an
 /// access.
 ///
-/// Use [`responder_nak`](Self::responder_nak) for a remote request and
-/// [`local_status`](Self::local_status) for a local SGE.
+/// Use [`responder_nak`](Self::responder_nak) for a remote request; for a local SGE the queue
+/// pair completes the work request with a local status (`roce_qp`'s mapping).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AccessError {
@@ -170,9 +91,9 @@ impl AccessError {
     /// The NAK a responder sends for this error on a remote request (rxe `check_rkey`, spec
     /// section 7.9): key, PD, rights and range problems are remote access errors (0x62);
     /// misaligned atomics and length errors are invalid requests (0x61).
-    pub const fn responder_nak(&self) -> Nak {
+    pub const fn responder_nak(&self) -> NakCode {
         match self {
-            Self::Misaligned { .. } | Self::AtomicLength { .. } => Nak::InvalidRequest,
+            Self::Misaligned { .. } | Self::AtomicLength { .. } => NakCode::InvalidRequest,
             Self::UnknownKey { .. }
             | Self::StaleKey { .. }
             | Self::PdMismatch { .. }
@@ -180,39 +101,14 @@ impl AccessError {
             | Self::QpMismatch { .. }
             | Self::WindowAsLocalKey { .. }
             | Self::AccessDenied { .. }
-            | Self::OutOfBounds { .. } => Nak::RemoteAccessError,
-        }
-    }
-
-    /// The status of the responder's own completion (receive WQE) for a remote request that
-    /// failed with this error: REM_ACCESS_ERR or REM_INV_REQ_ERR, matching
-    /// [`responder_nak`](Self::responder_nak).
-    pub const fn responder_status(&self) -> WcStatus {
-        self.responder_nak().requester_status()
-    }
-
-    /// The status of a local work request whose SGE (lkey) failed with this error: bad lkey,
-    /// PD, rights or range are LOC_PROT_ERR (rxe: copy to/from the SGE failed); atomic-format
-    /// errors are LOC_QP_OP_ERR.
-    pub const fn local_status(&self) -> WcStatus {
-        match self {
-            Self::Misaligned { .. } | Self::AtomicLength { .. } => WcStatus::LocQpOpErr,
-            Self::UnknownKey { .. }
-            | Self::StaleKey { .. }
-            | Self::PdMismatch { .. }
-            | Self::Invalidated { .. }
-            | Self::QpMismatch { .. }
-            | Self::WindowAsLocalKey { .. }
-            | Self::AccessDenied { .. }
-            | Self::OutOfBounds { .. } => WcStatus::LocProtErr,
+            | Self::OutOfBounds { .. } => NakCode::RemoteAccessError,
         }
     }
 }
 
 /// Why a registration (register, alloc_mr, alloc_mw) or a fast registration (REG_MR) failed.
 ///
-/// A failed fast registration completes the REG_MR work request with
-/// [`local_status`](Self::local_status) (LOC_QP_OP_ERR, as rxe).
+/// A failed fast registration completes the REG_MR work request with LOC_QP_OP_ERR (as rxe).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RegisterError {
@@ -270,13 +166,6 @@ pub enum RegisterError {
         /// The key presented.
         key: Key,
     },
-}
-
-impl RegisterError {
-    /// Completion status of a failed REG_MR work request (rxe: LOC_QP_OP_ERR).
-    pub const fn local_status(&self) -> WcStatus {
-        WcStatus::LocQpOpErr
-    }
 }
 
 /// Why deregistering a region or deallocating a window failed.
@@ -384,16 +273,9 @@ pub enum BindError {
     },
 }
 
-impl BindError {
-    /// Completion status of a failed bind: MW_BIND_ERR.
-    pub const fn local_status(&self) -> WcStatus {
-        WcStatus::MwBindErr
-    }
-}
-
 /// Why LOCAL_INV or SEND_WITH_INVALIDATE failed.
 ///
-/// A responder that fails SEND_WITH_INVALIDATE answers [`Nak::InvalidRequest`] and completes
+/// A responder that fails SEND_WITH_INVALIDATE answers [`NakCode::InvalidRequest`] and completes
 /// with REM_INV_REQ_ERR (spec section 10); a failed LOCAL_INV completes with LOC_QP_OP_ERR.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -451,17 +333,7 @@ pub enum InvalidateError {
 
 impl InvalidateError {
     /// The NAK a responder sends when SEND_WITH_INVALIDATE fails: invalid request (0x61).
-    pub const fn responder_nak(&self) -> Nak {
-        Nak::InvalidRequest
-    }
-
-    /// The responder's completion status for a failed SEND_WITH_INVALIDATE: REM_INV_REQ_ERR.
-    pub const fn responder_status(&self) -> WcStatus {
-        WcStatus::RemInvReqErr
-    }
-
-    /// The completion status of a failed LOCAL_INV work request: LOC_QP_OP_ERR (rxe).
-    pub const fn local_status(&self) -> WcStatus {
-        WcStatus::LocQpOpErr
+    pub const fn responder_nak(&self) -> NakCode {
+        NakCode::InvalidRequest
     }
 }

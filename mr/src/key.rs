@@ -2,7 +2,13 @@
 
 use core::fmt;
 
+use roce_wire::{LKey, Qpn, RKey};
+
 /// A 32-bit L_Key / R_Key: `(table index << 8) | 8-bit key`, as in rxe (`rxe_mr_init`).
+///
+/// The table's own name for a key: one registration's lkey and rkey are the same value, so a
+/// [`Key`] converts from and to `roce-wire`'s [`LKey`] and [`RKey`] ([`lkey`](Self::lkey),
+/// [`rkey`](Self::rkey)).
 ///
 /// A memory region's lkey and rkey are the same value. The table finds the object by
 /// [`index`](Self::index) in O(1) and then requires the whole 32-bit value to match. The low
@@ -43,6 +49,30 @@ impl From<u32> for Key {
 impl From<Key> for u32 {
     fn from(key: Key) -> Self {
         key.0
+    }
+}
+
+impl From<LKey> for Key {
+    fn from(lkey: LKey) -> Self {
+        Self(lkey.value())
+    }
+}
+
+impl From<RKey> for Key {
+    fn from(rkey: RKey) -> Self {
+        Self(rkey.value())
+    }
+}
+
+impl Key {
+    /// This key as the L_Key a local scatter/gather entry carries.
+    pub const fn lkey(self) -> LKey {
+        LKey::new(self.0)
+    }
+
+    /// This key as the R_Key a peer presents in a RETH, AtomicETH or IETH.
+    pub const fn rkey(self) -> RKey {
+        RKey::new(self.0)
     }
 }
 
@@ -105,7 +135,7 @@ pub enum Origin {
     /// A peer's RDMA WRITE, READ or atomic (rkey), arriving on queue pair `qpn`.
     Remote {
         /// The local queue pair number the request arrived on (type 2 windows check it).
-        qpn: u32,
+        qpn: Qpn,
     },
 }
 
@@ -122,5 +152,9 @@ mod tests {
         assert_eq!(k.with_key8(1).0, 0x1234_5601);
         assert_eq!(Key::new(0x0100_0001, 0).index(), 1);
         assert_eq!(k.to_string(), "0x123456ab");
+        assert_eq!(k.lkey(), LKey::new(0x1234_56AB));
+        assert_eq!(k.rkey().index(), k.index());
+        assert_eq!(Key::from(k.rkey()), k);
+        assert_eq!(Key::from(k.lkey()), k);
     }
 }

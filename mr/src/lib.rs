@@ -6,9 +6,10 @@
 //! call [`MrTable::check`] for every local SGE (lkey) and every remote RDMA WRITE, READ and
 //! atomic (rkey). A successful check returns a [`Checked`] through which the bytes are copied
 //! and the atomics run; a failed one returns an [`AccessError`] that says which NAK to send
-//! ([`AccessError::responder_nak`]) or which completion status to report
-//! ([`AccessError::local_status`]). No I/O, clocks or global state; the only randomness, the
-//! initial 8-bit keys, comes from the seed given to [`MrTable::new`].
+//! ([`AccessError::responder_nak`], `roce-wire`'s `NakCode`); the queue pairs map it to a
+//! completion status. Queue pair numbers and keys are `roce-wire`'s types (`Qpn`; [`Key`]
+//! converts to and from `LKey`/`RKey`). No I/O, clocks or global state; the only randomness,
+//! the initial 8-bit keys, comes from the seed given to [`MrTable::new`].
 //!
 //! Keys are `(table index << 8) | 8-bit key` ([`Key`]); the 8-bit key changes each time an
 //! index is reused, so a stale rkey never reaches a new region. Lookups are O(1) and take only
@@ -17,6 +18,7 @@
 //!
 //! ```
 //! use roce_mr::{Access, MrTable, Origin};
+//! use roce_wire::Qpn;
 //!
 //! let table = MrTable::new(1024, 0x5eed);
 //! let pd = table.alloc_pd();
@@ -25,7 +27,7 @@
 //! let rkey = table.register_zeroed(pd, 4096, 0x1000_0000, access)?;
 //!
 //! // An incoming RDMA WRITE of 5 bytes at 0x1000_0010 on queue pair 17.
-//! let remote = Origin::Remote { qpn: 17 };
+//! let remote = Origin::Remote { qpn: Qpn::new(17) };
 //! let w = table.check(remote, rkey, pd, 0x1000_0010, 5, Access::REMOTE_WRITE)?;
 //! w.write(0, b"hello")?;
 //! drop(w);
@@ -38,7 +40,7 @@
 //!
 //! // A READ is refused: the region grants no REMOTE_READ. The responder NAKs 0x62.
 //! let err = table.check(remote, rkey, pd, 0x1000_0010, 5, Access::REMOTE_READ).unwrap_err();
-//! assert_eq!(err.responder_nak().syndrome(), 0x62);
+//! assert_eq!(err.responder_nak().code(), 2); // AETH syndrome 0x60 | 2
 //!
 //! // The application reads its own memory back (offsets into the region's memory).
 //! let mut buf = [0u8; 5];
@@ -60,8 +62,6 @@ mod mem;
 mod table;
 
 pub use access::Access;
-pub use error::{
-    AccessError, BindError, DeregisterError, InvalidateError, Nak, PdError, RegisterError, WcStatus,
-};
+pub use error::{AccessError, BindError, DeregisterError, InvalidateError, PdError, RegisterError};
 pub use key::{Key, MwType, Origin, Pd};
 pub use table::{BindMw, Checked, FastReg, MrTable, MAX_CAPACITY};

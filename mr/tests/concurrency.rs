@@ -10,6 +10,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 
 use roce_mr::{Access, AccessError, Key, MrTable, Origin, Pd};
+use roce_wire::Qpn;
 
 const WORDS: usize = 4;
 const IOVA: u64 = 0x4000_0000;
@@ -29,7 +30,9 @@ fn worker(
     stop: &AtomicBool,
     started: &Barrier,
 ) -> u64 {
-    let origin = Origin::Remote { qpn: id as u32 };
+    let origin = Origin::Remote {
+        qpn: Qpn::new(id as u32),
+    };
     let mut done = 0u64;
     started.wait();
     for i in 0u64.. {
@@ -187,7 +190,7 @@ fn copies_and_atomics_on_one_word_never_tear() {
                 for _ in 0..rounds {
                     let c = table
                         .check(
-                            Origin::Remote { qpn: 1 },
+                            Origin::Remote { qpn: Qpn::new(1) },
                             key,
                             pd,
                             0,
@@ -203,7 +206,7 @@ fn copies_and_atomics_on_one_word_never_tear() {
             for _ in 0..rounds {
                 let c = table
                     .check(
-                        Origin::Remote { qpn: 2 },
+                        Origin::Remote { qpn: Qpn::new(2) },
                         key,
                         pd,
                         8,

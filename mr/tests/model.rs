@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use roce_mr::{Access, BindMw, FastReg, Key, MrTable, MwType, Origin, Pd};
+use roce_wire::Qpn;
 
 const CAPACITY: u32 = 8;
 const PDS: usize = 2;
@@ -467,9 +468,9 @@ fn run(ops: Vec<Op>, seed: u64) {
                     _ => false,
                 };
                 let r = if remote {
-                    t.invalidate_remote(k, pds[pd], qpn)
+                    t.invalidate_remote(k, pds[pd], Qpn::new(qpn))
                 } else {
-                    t.invalidate_local(k, pds[pd], qpn)
+                    t.invalidate_local(k, pds[pd], Qpn::new(qpn))
                 };
                 assert_eq!(r.is_ok(), legal, "{op:?} -> {r:?}");
                 if legal {
@@ -570,7 +571,7 @@ fn run(ops: Vec<Op>, seed: u64) {
                     access: Access::from_bits(access).unwrap(),
                     key8,
                 };
-                let r = t.bind_mw(mwk, pds[pd], qpn, bind);
+                let r = t.bind_mw(mwk, pds[pd], Qpn::new(qpn), bind);
                 assert_eq!(r.is_ok(), legal, "{op:?} {mwk:?} {mrk:?} -> {r:?}");
                 if let Ok(newk) = r {
                     assert_eq!(newk, mwk.with_key8(key8));
@@ -631,7 +632,7 @@ fn run(ops: Vec<Op>, seed: u64) {
                 let (origin, q) = if local {
                     (Origin::Local, None)
                 } else {
-                    (Origin::Remote { qpn }, Some(qpn))
+                    (Origin::Remote { qpn: Qpn::new(qpn) }, Some(qpn))
                 };
                 let predicted = m.access(k, pd, q, iova, len, needed);
                 let r = t.check(

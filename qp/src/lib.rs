@@ -2,8 +2,8 @@
 //!
 //! The RC, UC and UD transports as pure state machines in the style of quinn-proto: time and
 //! packets go in, packets, timer deadlines and completions come out. No sockets, threads or
-//! clocks inside, so every behaviour can be driven and replayed exactly (see [`testing`] for
-//! the deterministic lossy network that drives them in tests).
+//! clocks inside, so every behaviour can be driven and replayed exactly (the `testing` feature
+//! adds `testing`, the deterministic lossy network that drives them in tests).
 //!
 //! - [`verbs`]: the object model (work requests, completions, address handles, QP types and
 //!   states), names and numbers from rdma-core's `verbs.h`;
@@ -12,7 +12,10 @@
 //!   `rxe_req.c`, `rxe_comp.c` and `rxe_resp.c`; UD in `ud.rs`;
 //! - [`cq`]: completion queues and shared receive queues;
 //! - [`Mem`]: the adapter onto `roce-mr`'s key table: every local and remote access goes
-//!   through its single checked entry point.
+//!   through its single checked entry point;
+//! - [`fault`]: the one fault model of simulated links (loss, burst loss, duplication,
+//!   reordering, corruption, delay) and the seeded RNG, shared by `testing` and by the
+//!   transport's fault injector.
 //!
 //! ## Example: two RC queue pairs, one RDMA WRITE
 //!
@@ -45,7 +48,9 @@ mod ud;
 mod wq;
 
 pub mod cq;
+pub mod fault;
 pub mod state;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod verbs;
 

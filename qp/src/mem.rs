@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use roce_mr::{Access, AccessError, Key, MrTable, Nak, Origin, Pd};
+use roce_mr::{Access, AccessError, Key, MrTable, Origin, Pd};
 use roce_wire::aeth::NakCode;
 use roce_wire::{Qpn, RKey};
 
@@ -45,11 +45,11 @@ pub(crate) enum MemError {
 }
 
 fn nak_of(e: &AccessError) -> MemError {
-    MemError::Access(match e.responder_nak() {
-        Nak::InvalidRequest => NakCode::InvalidRequest,
-        Nak::RemoteAccessError => NakCode::RemoteAccessError,
-        Nak::RemoteOperationalError => NakCode::RemoteOperationalError,
-    })
+    MemError::Access(e.responder_nak())
+}
+
+fn local_status(e: &AccessError) -> WcStatus {
+    WcStatus::of_local_access(e)
 }
 
 impl Mem {
@@ -105,14 +105,14 @@ impl Mem {
                 .table
                 .check(
                     Origin::Local,
-                    Key(sge.lkey.value()),
+                    Key::from(sge.lkey),
                     self.pd,
                     addr,
                     r.len() as u64,
                     Access::empty(),
                 )
-                .map_err(|e| e.local_status())?;
-            c.read(0, &mut out[r]).map_err(|e| e.local_status())
+                .map_err(|e| local_status(&e))?;
+            c.read(0, &mut out[r]).map_err(|e| local_status(&e))
         })
     }
 
@@ -124,14 +124,14 @@ impl Mem {
                 .table
                 .check(
                     Origin::Local,
-                    Key(sge.lkey.value()),
+                    Key::from(sge.lkey),
                     self.pd,
                     addr,
                     r.len() as u64,
                     Access::LOCAL_WRITE,
                 )
-                .map_err(|e| e.local_status())?;
-            c.write(0, &data[r]).map_err(|e| e.local_status())
+                .map_err(|e| local_status(&e))?;
+            c.write(0, &data[r]).map_err(|e| local_status(&e))
         })
     }
 
@@ -147,8 +147,8 @@ impl Mem {
     ) -> Result<roce_mr::Checked<'_>, MemError> {
         self.table
             .check(
-                Origin::Remote { qpn: qpn.value() },
-                Key(rkey.value()),
+                Origin::Remote { qpn },
+                Key::from(rkey),
                 self.pd,
                 va,
                 len,
@@ -229,14 +229,87 @@ impl Mem {
     /// SEND with invalidate: invalidates the named rkey.
     pub(crate) fn invalidate_remote(&self, qpn: Qpn, rkey: RKey) -> Result<(), WcStatus> {
         self.table
-            .invalidate_remote(Key(rkey.value()), self.pd, qpn.value())
-            .map_err(|e| e.responder_status())
+            .invalidate_remote(Key::from(rkey), self.pd, qpn)
+            // A failed SEND_WITH_INVALIDATE is NAKed invalid request
+            // (`InvalidateError::responder_nak`) and completes with the matching status.
+            .map_err(|_| WcStatus::RemInvReqErr)
     }
 
     /// LOCAL_INV.
     pub(crate) fn invalidate_local(&self, qpn: Qpn, key: u32) -> Result<(), WcStatus> {
         self.table
-            .invalidate_local(Key(key), self.pd, qpn.value())
-            .map_err(|e| e.local_status())
+            .invalidate_local(Key(key), self.pd, qpn)
+            // rxe: a failed LOCAL_INV completes with LOC_QP_OP_ERR.
+            .map_err(|_| WcStatus::LocQpOpErr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use roce_mr::InvalidateError;
+
+    use super::*;
+
+    const K: Key = Key(0x100);
+
+    #[test]
+    fn refused_accesses_complete_with_the_status_of_their_nak() {
+        let access = [
+            AccessError::UnknownKey { key: K },
+            AccessError::StaleKey { key: K },
+            AccessError::PdMismatch { key: K },
+            AccessError::Invalidated { key: K },
+            AccessError::QpMismatch { key: K },
+            AccessError::WindowAsLocalKey { key: K },
+            AccessError::AccessDenied {
+                needed: Access::REMOTE_READ,
+                granted: Access::empty(),
+            },
+            AccessError::OutOfBounds { iova: 0, len: 1 },
+        ];
+        for e in access {
+            assert_eq!(
+                nak_of(&e),
+                MemError::Access(NakCode::RemoteAccessError),
+                "{e}"
+            );
+            assert_eq!(WcStatus::of_remote_access(&e), WcStatus::RemAccessErr);
+            assert_eq!(local_status(&e), WcStatus::LocProtErr);
+        }
+        for e in [
+            AccessError::Misaligned { iova: 4 },
+            AccessError::AtomicLength { len: 4 },
+        ] {
+            assert_eq!(nak_of(&e), MemError::Access(NakCode::InvalidRequest), "{e}");
+            assert_eq!(WcStatus::of_remote_access(&e), WcStatus::RemInvReqErr);
+            assert_eq!(local_status(&e), WcStatus::LocQpOpErr);
+        }
+        let inv = InvalidateError::Type1Window { key: K };
+        assert_eq!(
+            WcStatus::of_nak(inv.responder_nak()),
+            Some(WcStatus::RemInvReqErr)
+        );
+        assert_eq!(
+            WcStatus::of_nak(NakCode::RemoteOperationalError),
+            Some(WcStatus::RemOpErr)
+        );
+        assert_eq!(WcStatus::of_nak(NakCode::PsnSequenceError), None);
+        // rdma-core's numbering.
+        assert_eq!(WcStatus::LocProtErr as u8, 4);
+        assert_eq!(WcStatus::RemAccessErr as u8, 10);
+        assert_eq!(WcStatus::GeneralErr as u8, 21);
+    }
+
+    #[test]
+    fn invalidations_map_to_rxe_statuses() {
+        let table = Arc::new(MrTable::new(16, 1));
+        let pd = table.alloc_pd();
+        let mem = Mem::new(table, pd);
+        let qpn = Qpn::new(0x11);
+        assert_eq!(
+            mem.invalidate_remote(qpn, RKey::new(0x0500)),
+            Err(WcStatus::RemInvReqErr)
+        );
+        assert_eq!(mem.invalidate_local(qpn, 0x0500), Err(WcStatus::LocQpOpErr));
     }
 }

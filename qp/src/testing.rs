@@ -1,6 +1,9 @@
 //! A deterministic network simulator for queue pairs: a virtual clock, two endpoints, and a
-//! seeded fault injector per link direction (loss, burst loss, duplication, reordering,
-//! corruption, delay and jitter).
+//! seeded fault model per link direction (loss, burst loss, duplication, reordering,
+//! corruption, delay and jitter: [`crate::fault`], the same model the transport's
+//! `FaultInjector` and `sim` backend use).
+//!
+//! Only built with the `testing` feature: it is test infrastructure, not part of the API.
 //!
 //! Packets cross the simulated link as whole Ethernet/IPv4/UDP frames with a real ICRC, built
 //! and parsed by `roce-wire`, so corruption is caught exactly where a real receiver catches it.
@@ -15,89 +18,14 @@ use roce_mr::{Access, Key, MrTable, Pd};
 use roce_wire::frame::{EthRepr, IpRepr, Ipv4Repr, UdpRepr, ROCEV2_PORT};
 use roce_wire::{icrc, Caps, Frame, FrameRepr, Gid, LKey, Psn, QKey, Qpn, RKey};
 
+use crate::fault::{FaultModel, SimRng};
 use crate::mem::Mem;
 use crate::qp::{QpConfig, QueuePair, RecvMeta};
 use crate::state::{AttrMask, QpAttr};
 use crate::time::Instant;
 use crate::verbs::{AddressHandle, Completion, CqSide, Mtu, QpState, QpType, Sge};
 
-/// SplitMix64: a small, fast, seedable generator (no dependency, identical everywhere).
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator from a seed.
-    pub const fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// A float in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    /// True with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && self.unit() < p
-    }
-    /// A value in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-}
-
-/// Faults of one link direction. Probabilities are per packet.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LinkConfig {
-    /// Independent loss.
-    pub loss: f64,
-    /// Gilbert-Elliott burst loss: chance to enter the bad state (where every packet is lost).
-    pub burst_start: f64,
-    /// Chance to leave the bad state.
-    pub burst_end: f64,
-    /// Duplication.
-    pub duplicate: f64,
-    /// Reordering: the packet gets an extra delay of up to `reorder_delay_ns`.
-    pub reorder: f64,
-    /// Extra delay of reordered packets.
-    pub reorder_delay_ns: u64,
-    /// Corruption: one random bit of the IP packet flips.
-    pub corrupt: f64,
-    /// One-way delay.
-    pub delay_ns: u64,
-    /// Uniform jitter added to the delay (keeps order unless reordering is on).
-    pub jitter_ns: u64,
-}
-
-impl LinkConfig {
-    /// A perfect link with 5 us of delay.
-    pub const fn perfect() -> Self {
-        Self {
-            loss: 0.0,
-            burst_start: 0.0,
-            burst_end: 1.0,
-            duplicate: 0.0,
-            reorder: 0.0,
-            reorder_delay_ns: 0,
-            corrupt: 0.0,
-            delay_ns: 5_000,
-            jitter_ns: 0,
-        }
-    }
-    /// A link that loses every packet.
-    pub const fn dead() -> Self {
-        Self {
-            loss: 1.0,
-            ..Self::perfect()
-        }
-    }
-}
+pub use crate::fault::LinkConfig;
 
 /// Configuration of a two-node simulation.
 #[derive(Clone, Copy, Debug)]
@@ -310,9 +238,7 @@ pub type DropFilter = Box<dyn FnMut(&roce_wire::PacketRepr<'_>) -> bool + Send>;
 
 struct Link {
     filter: Option<DropFilter>,
-    cfg: LinkConfig,
-    rng: Rng,
-    bad: bool,
+    faults: FaultModel,
     in_flight: VecDeque<(Instant, u64, Vec<u8>)>,
     seq: u64,
     stats: LinkStats,
@@ -339,48 +265,29 @@ impl Link {
     fn new(cfg: LinkConfig, seed: u64) -> Self {
         Self {
             filter: None,
-            cfg,
-            rng: Rng::new(seed),
-            bad: false,
+            faults: FaultModel::new(cfg, seed),
             in_flight: VecDeque::new(),
             seq: 0,
             stats: LinkStats::default(),
         }
     }
 
-    fn offer(&mut self, now: Instant, frame: Vec<u8>) {
+    /// Offers a frame whose UDP payload (what the fault model sees and may corrupt) starts at
+    /// `payload_off`.
+    fn offer(&mut self, now: Instant, frame: Vec<u8>, payload_off: usize) {
         self.stats.sent += 1;
-        let c = self.cfg;
-        if self.bad {
-            if self.rng.chance(c.burst_end) {
-                self.bad = false;
-            }
-        } else if self.rng.chance(c.burst_start) {
-            self.bad = true;
-        }
-        if self.bad || self.rng.chance(c.loss) {
+        let verdict = self.faults.offer(frame.len() - payload_off);
+        if verdict.is_lost() {
             self.stats.lost += 1;
             return;
         }
-        let copies = if self.rng.chance(c.duplicate) { 2 } else { 1 };
-        self.stats.duplicated += copies - 1;
-        for _ in 0..copies {
+        for copy in verdict.copies() {
             let mut f = frame.clone();
-            if self.rng.chance(c.corrupt) && f.len() > 14 {
-                let i = 14 + self.rng.below(f.len() as u64 - 14) as usize;
-                f[i] ^= 1 << self.rng.below(8);
+            copy.apply(&mut f[payload_off..]);
+            if copy.corrupt.is_some() {
                 self.stats.corrupted += 1;
             }
-            let mut delay = c.delay_ns
-                + if c.jitter_ns > 0 {
-                    self.rng.below(c.jitter_ns)
-                } else {
-                    0
-                };
-            if self.rng.chance(c.reorder) {
-                delay += self.rng.below(c.reorder_delay_ns.max(1));
-            }
-            let at = Instant::from_nanos(now.as_nanos() + delay);
+            let at = Instant::from_nanos(now.as_nanos() + copy.delay_ns);
             self.seq += 1;
             // Keep the queue sorted by delivery time, FIFO among equals.
             let pos = self
@@ -390,6 +297,7 @@ impl Link {
                 .unwrap_or(self.in_flight.len());
             self.in_flight.insert(pos, (at, self.seq, f));
         }
+        self.stats.duplicated += verdict.copies().count() as u64 - 1;
     }
 
     fn next_due(&self) -> Option<Instant> {
@@ -400,7 +308,7 @@ impl Link {
 impl core::fmt::Debug for Link {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Link")
-            .field("cfg", &self.cfg)
+            .field("cfg", &self.faults.config())
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
@@ -432,7 +340,7 @@ impl Pair {
     /// # Panics
     /// If a modify fails (a bug in the state table).
     pub fn new(cfg: PairConfig) -> Self {
-        let mut rng = Rng::new(cfg.seed);
+        let mut rng = SimRng::new(cfg.seed);
         let mut a = Node::new(0x11, IP_A, &cfg, None);
         let mut b = Node::new(0x12, IP_B, &cfg, cfg.b_srq);
         let psn_a = Psn::new(rng.next_u64() as u32);
@@ -480,11 +388,12 @@ impl Pair {
 
     /// Replaces the faults of both links from now on.
     pub fn set_links(&mut self, a_to_b: LinkConfig, b_to_a: LinkConfig) {
-        self.links[0].cfg = a_to_b;
-        self.links[1].cfg = b_to_a;
+        self.links[0].faults.set_config(a_to_b);
+        self.links[1].faults.set_config(b_to_a);
     }
 
-    fn frame_for(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, udp_payload: &[u8]) -> Vec<u8> {
+    /// The Ethernet/IPv4/UDP frame of a datagram, and where its UDP payload starts.
+    fn frame_for(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, udp_payload: &[u8]) -> (Vec<u8>, usize) {
         let repr = FrameRepr {
             eth: Some(EthRepr {
                 dst: [2, 0, 0, 0, 0, 2],
@@ -513,7 +422,7 @@ impl Pair {
             let n = f.len();
             f[n - 4..].copy_from_slice(&crc);
         }
-        f
+        (f, hl)
     }
 
     /// One round: every node transmits all it can, due packets are delivered, due timers fire.
@@ -545,8 +454,8 @@ impl Pair {
                     });
                 }
                 if !filtered {
-                    let frame = Self::frame_for(src, dst, t.udp_sport, bytes);
-                    self.links[i].offer(now, frame);
+                    let (frame, payload_off) = Self::frame_for(src, dst, t.udp_sport, bytes);
+                    self.links[i].offer(now, frame, payload_off);
                 }
                 progress = true;
             }

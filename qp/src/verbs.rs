@@ -1,9 +1,98 @@
 //! The verbs object model as plain data: work requests, completions, address handles, QP
 //! attributes. Names and numbers follow rdma-core's `verbs.h`.
 
+use roce_mr::AccessError;
+use roce_wire::aeth::NakCode;
 use roce_wire::{Gid, LKey, QKey, Qpn, RKey};
 
-pub use roce_mr::WcStatus;
+/// Work-completion status, `enum ibv_wc_status` (rdma-core verbs.h), same names and values.
+///
+/// It lives here, with the completions: the memory layer (`roce-mr`) only says which NAK a
+/// refused remote access earns; [`WcStatus::of_local_access`] and
+/// [`WcStatus::of_remote_access`] say what a refused access completes with.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[repr(u8)]
+pub enum WcStatus {
+    /// 0: success.
+    Success = 0,
+    /// 1: local length error.
+    LocLenErr = 1,
+    /// 2: local QP operation error (also failed LOCAL_INV / REG_MR in rxe).
+    LocQpOpErr = 2,
+    /// 3: local EE context operation error (RD only).
+    LocEecOpErr = 3,
+    /// 4: local protection error: bad lkey, wrong PD, or access not allowed for a local SGE.
+    LocProtErr = 4,
+    /// 5: work request flushed.
+    WrFlushErr = 5,
+    /// 6: memory window bind failed.
+    MwBindErr = 6,
+    /// 7: bad response.
+    BadRespErr = 7,
+    /// 8: local access error (receive side protection error for WRITE with immediate).
+    LocAccessErr = 8,
+    /// 9: remote invalid request (NAK 0x61).
+    RemInvReqErr = 9,
+    /// 10: remote access error (NAK 0x62).
+    RemAccessErr = 10,
+    /// 11: remote operational error (NAK 0x63).
+    RemOpErr = 11,
+    /// 12: transport retry counter exceeded.
+    RetryExcErr = 12,
+    /// 13: RNR retry counter exceeded.
+    RnrRetryExcErr = 13,
+    /// 14: local RDD violation (RD only).
+    LocRddViolErr = 14,
+    /// 15: remote invalid RD request.
+    RemInvRdReqErr = 15,
+    /// 16: remote abort.
+    RemAbortErr = 16,
+    /// 17: invalid EE context number.
+    InvEecnErr = 17,
+    /// 18: invalid EE context state.
+    InvEecStateErr = 18,
+    /// 19: fatal error.
+    FatalErr = 19,
+    /// 20: response timeout.
+    RespTimeoutErr = 20,
+    /// 21: general error.
+    GeneralErr = 21,
+}
+
+impl WcStatus {
+    /// The status of a local work request whose SGE (lkey) the key table refused: bad lkey, PD,
+    /// rights or range are LOC_PROT_ERR (rxe: copy to/from the SGE failed); atomic-format
+    /// errors are LOC_QP_OP_ERR.
+    pub const fn of_local_access(e: &AccessError) -> Self {
+        match e.responder_nak() {
+            NakCode::InvalidRequest => Self::LocQpOpErr,
+            _ => Self::LocProtErr,
+        }
+    }
+
+    /// The status a requester completes its work request with when the responder answers
+    /// `nak` (and the responder's own completion for the same refusal): 0x61 REM_INV_REQ_ERR,
+    /// 0x62 REM_ACCESS_ERR, 0x63 REM_OP_ERR, 0x64 REM_INV_RD_REQ_ERR; `None` for a PSN
+    /// sequence error (the requester rewinds) and reserved codes.
+    pub const fn of_nak(nak: NakCode) -> Option<Self> {
+        match nak {
+            NakCode::InvalidRequest => Some(Self::RemInvReqErr),
+            NakCode::RemoteAccessError => Some(Self::RemAccessErr),
+            NakCode::RemoteOperationalError => Some(Self::RemOpErr),
+            NakCode::InvalidRdRequest => Some(Self::RemInvRdReqErr),
+            NakCode::PsnSequenceError | NakCode::Reserved(_) => None,
+        }
+    }
+
+    /// The responder's completion status for a remote access the key table refused: the
+    /// status that matches the NAK it sends ([`AccessError::responder_nak`]).
+    pub const fn of_remote_access(e: &AccessError) -> Self {
+        match Self::of_nak(e.responder_nak()) {
+            Some(status) => status,
+            None => Self::RemAccessErr,
+        }
+    }
+}
 
 /// Queue pair transport type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -5,6 +5,11 @@
 //! the Identification recovered from the ICRC), so Wireshark decodes them as RoCE and
 //! `check_pcap.sh` verifies every ICRC. Ethernet addresses on the `udp` backend are derived
 //! from the IP addresses (locally administered `02:00:a.b.c.d`).
+//!
+//! Capture is done by the engine, not by a tap below it (smoltcp's `phy` middleware pattern,
+//! which the fault injector follows): only the engine knows the IPv4
+//! Identification it recovered from the ICRC, so a tap under a UDP socket would write wrong
+//! headers.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -13,6 +18,58 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use roce_wire::pcap::PcapWriter;
+
+use crate::sys::lock;
+
+/// A pcap file several devices can write into.
+#[derive(Clone, Debug)]
+pub struct CaptureFile(pub(crate) Arc<Mutex<Capture>>);
+
+impl CaptureFile {
+    /// Creates (truncates) the file.
+    ///
+    /// # Errors
+    /// The file cannot be created.
+    pub fn create(path: impl AsRef<Path>) -> io::Result<Self> {
+        Ok(Self(Arc::new(Mutex::new(Capture::create(path.as_ref())?))))
+    }
+
+    /// Frames written so far.
+    pub fn frames(&self) -> u64 {
+        lock(&self.0).frames
+    }
+
+    /// Flushes buffered frames to disk.
+    ///
+    /// # Errors
+    /// The write error, including one that stopped the capture earlier.
+    pub fn flush(&self) -> io::Result<()> {
+        let mut c = lock(&self.0);
+        if let Some(e) = &c.error {
+            return Err(io::Error::other(e.clone()));
+        }
+        c.flush()
+    }
+
+    /// Flushes buffered frames and stops the capture: frames sent or received later are not
+    /// written, so the file ends on a whole record even if the process exits at once (what a
+    /// SIGINT/SIGTERM handler calls before exiting).
+    ///
+    /// # Errors
+    /// The write error, including one that stopped the capture earlier.
+    pub fn close(&self) -> io::Result<()> {
+        let mut c = lock(&self.0);
+        if let Some(e) = &c.error {
+            return Err(io::Error::other(e.clone()));
+        }
+        c.close()
+    }
+
+    /// The file.
+    pub fn path(&self) -> PathBuf {
+        lock(&self.0).path().to_path_buf()
+    }
+}
 
 /// An open capture file.
 #[derive(Debug)]
@@ -65,6 +122,13 @@ impl Capture {
         self.file.flush()
     }
 
+    /// Flushes and stops: frames after this are not written, so the file ends on a whole
+    /// record even if the process exits right after.
+    pub(crate) fn close(&mut self) -> io::Result<()> {
+        self.writer = None;
+        self.flush()
+    }
+
     /// The file.
     pub(crate) fn path(&self) -> &Path {
         &self.path
@@ -83,10 +147,10 @@ struct SharedFile(Arc<Mutex<BufWriter<File>>>);
 
 impl Write for SharedFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).write(buf)
+        lock(&self.0).write(buf)
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).flush()
+        lock(&self.0).flush()
     }
 }

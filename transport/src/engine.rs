@@ -16,52 +16,38 @@
 //!    one call (sendmmsg, GSO when contiguous runs allow);
 //! 4. **completions**: drained from the QPs into their completion queues.
 //!
+//! The logic of each step (header synthesis, Identification recovery, ICRC, parsing,
+//! demultiplexing, ICRC fill, round robin, timers) is the sans-IO [`Endpoint`]; the engine is
+//! its shell: it owns the datapath, the buffers, the capture file and the clock, so the same
+//! passes run on the system clock or on a [`crate::clock::VirtualClock`].
+//!
 //! Nothing here allocates per packet: the slots, the arena and the batch arrays are allocated
 //! when the device opens.
 
-use std::collections::HashMap;
 use std::io::{self, IoSliceMut};
-use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use roce_qp::verbs::CqSide;
-use roce_qp::{Event, Instant as QpInstant, QpStats, QueuePair, RecvMeta};
-use roce_wire::frame::{EthRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr, ROCEV2_PORT};
-use roce_wire::icrc::{Icrc, Ipv4IdentSolver, ICRC_LEN};
-use roce_wire::{Gid, PacketRepr, Qpn};
+use roce_qp::Instant as QpInstant;
 
-use crate::counters::DeviceCounters;
-use crate::datapath::{Datapath, DatapathCaps, RxMeta, TxDatagram};
-use crate::device::{lock, CaptureFile};
-use crate::verbs::{AsyncEvent, CqShared};
+use crate::capture::CaptureFile;
+use crate::clock::Clock;
+use crate::datapath::{Datapath, RxMeta, TxDatagram};
+use crate::endpoint::{Endpoint, TxDesc, MAX_HEADERS};
+use crate::sys::lock;
 
 /// Datagrams per receive or send batch.
 pub(crate) const BATCH: usize = 64;
 /// Room in front of each received datagram for synthetic Ethernet + IPv6 + UDP headers.
 const HEADROOM: usize = 64;
-/// Largest L2-L4 header we synthesize (Ethernet + IPv6 + UDP).
-const MAX_HEADERS: usize = 14 + 40 + 8;
+const _: () = assert!(HEADROOM >= MAX_HEADERS);
 /// Receive batches per progress pass before yielding (bounds the time the lock is held).
 const RX_BATCHES_PER_PASS: usize = 8;
 
-/// A QP the engine drives and the CQs its completions go to.
-#[derive(Debug)]
-pub(crate) struct QpSlot {
-    pub(crate) qp: QueuePair,
-    pub(crate) send_cq: Arc<CqShared>,
-    pub(crate) recv_cq: Arc<CqShared>,
-}
-
 /// One queued datagram in the transmit arena.
 #[derive(Clone, Copy, Debug)]
-struct TxDesc {
+struct Queued {
     offset: usize,
-    len: usize,
-    dst: SocketAddr,
-    src_port: u16,
-    tos: u8,
-    hop_limit: u8,
-    flow_label: u32,
+    desc: TxDesc,
 }
 
 /// What a progress pass did.
@@ -77,24 +63,18 @@ pub(crate) struct PassResult {
     pub(crate) tx_blocked: bool,
 }
 
-/// The per-device engine.
+/// The per-device engine: the I/O shell around the device's [`Endpoint`].
 #[derive(Debug)]
 pub(crate) struct Engine {
     dp: Box<dyn Datapath>,
-    caps: DatapathCaps,
-    local: SocketAddr,
-    local_mac: [u8; 6],
-    origin: std::time::Instant,
-    pub(crate) qps: HashMap<u32, QpSlot>,
-    /// QPNs in creation order, for fair transmit order.
-    order: Vec<u32>,
-    /// Where the next transmit scan starts in `order`.
-    rr: usize,
+    clock: Arc<dyn Clock>,
+    /// The sans-IO core: the QPs, the counters, the events.
+    pub(crate) ep: Endpoint,
     rx_slots: Box<[u8]>,
     rx_slot_len: usize,
     rx_meta: Box<[RxMeta]>,
     tx_arena: Box<[u8]>,
-    tx_descs: Vec<TxDesc>,
+    tx_descs: Vec<Queued>,
     tx_used: usize,
     /// First descriptor not yet accepted by the datapath.
     tx_pending: usize,
@@ -102,19 +82,18 @@ pub(crate) struct Engine {
     tx_deferred_earlier: bool,
     /// Room one packet needs in the arena (path MTU + headers + trailer).
     tx_room: usize,
-    solver: Ipv4IdentSolver,
     scratch: Box<[u8]>,
     pub(crate) capture: Option<CaptureFile>,
-    pub(crate) counters: DeviceCounters,
-    pub(crate) events: Vec<AsyncEvent>,
-    pub(crate) last_error: Option<String>,
-    /// Statistics of destroyed QPs (device counters keep counting them).
-    pub(crate) retired: Vec<QpStats>,
 }
 
 impl Engine {
-    /// An engine over `dp` for packets of at most `max_payload` bytes (path MTU).
-    pub(crate) fn new(dp: Box<dyn Datapath>, max_payload: usize, local_mac: [u8; 6]) -> Self {
+    /// An engine over `dp` for packets of at most `max_payload` bytes (path MTU), on `clock`.
+    pub(crate) fn new(
+        dp: Box<dyn Datapath>,
+        max_payload: usize,
+        local_mac: [u8; 6],
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         let caps = dp.caps();
         let local = dp.local_addr();
         // One packet: BTH + largest extension headers (28) + payload + pad + ICRC.
@@ -130,13 +109,8 @@ impl Engine {
         let rx_slots_n = if segments > 1 { 8 } else { BATCH };
         Self {
             dp,
-            caps,
-            local,
-            local_mac,
-            origin: std::time::Instant::now(),
-            qps: HashMap::new(),
-            order: Vec::new(),
-            rr: 0,
+            clock,
+            ep: Endpoint::new(local, local_mac, caps.fixed_source_port),
             rx_slots: vec![0u8; rx_slot_len * rx_slots_n].into_boxed_slice(),
             rx_slot_len,
             rx_meta: vec![RxMeta::empty(); rx_slots_n].into_boxed_slice(),
@@ -146,13 +120,8 @@ impl Engine {
             tx_pending: 0,
             tx_deferred_earlier: false,
             tx_room,
-            solver: Ipv4IdentSolver::new(),
             scratch: vec![0u8; MAX_HEADERS + tx_room.max(rx_data)].into_boxed_slice(),
             capture: None,
-            counters: DeviceCounters::default(),
-            events: Vec::new(),
-            last_error: None,
-            retired: Vec::new(),
         }
     }
 
@@ -161,46 +130,25 @@ impl Engine {
         &*self.dp
     }
 
-    /// The engine clock: nanoseconds since the device opened.
+    /// The engine clock.
     pub(crate) fn now(&self) -> QpInstant {
-        QpInstant::from_nanos(self.origin.elapsed().as_nanos() as u64)
-    }
-
-    /// The wall-clock time of an engine instant.
-    pub(crate) fn to_std(&self, t: QpInstant) -> std::time::Instant {
-        self.origin + std::time::Duration::from_nanos(t.as_nanos())
-    }
-
-    /// Adds a QP.
-    pub(crate) fn insert(&mut self, slot: QpSlot) {
-        let qpn = slot.qp.qpn().value();
-        self.qps.insert(qpn, slot);
-        self.order.push(qpn);
+        self.clock.now()
     }
 
     /// Removes a QP (its unsent packets are dropped, as a destroyed QP's would be).
-    pub(crate) fn remove(&mut self, qpn: u32) -> Option<QpSlot> {
-        self.order.retain(|&q| q != qpn);
-        let slot = self.qps.remove(&qpn)?;
-        // Fold the statistics into one retired entry so the list stays one long.
-        let stats = slot.qp.stats();
-        match self.retired.first_mut() {
-            Some(r) => *r += &stats,
-            None => self.retired.push(stats),
-        }
-        Some(slot)
+    pub(crate) fn remove(&mut self, qpn: u32) {
+        self.ep.remove(qpn);
     }
 
-    /// The earliest time something needs doing without input: a QP timer or a delayed
-    /// simulated packet.
-    pub(crate) fn next_deadline(&self) -> Option<std::time::Instant> {
-        let qp = self
-            .qps
-            .values()
-            .filter_map(|s| s.qp.poll_timeout())
-            .min()
-            .map(|t| self.to_std(t));
-        match (qp, self.dp.next_wakeup()) {
+    /// The earliest time something needs doing without input, on the engine clock: a QP
+    /// timer or the datapath's next wake-up (a delayed packet of a fault injector).
+    pub(crate) fn next_deadline(&self) -> Option<QpInstant> {
+        let qp = self.ep.poll_timeout();
+        let dp = self.dp.next_wakeup().map(|d| {
+            let now = self.now().as_nanos();
+            QpInstant::from_nanos(now.saturating_add(d.as_nanos().min(u128::from(u64::MAX)) as u64))
+        });
+        match (qp, dp) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -223,17 +171,13 @@ impl Engine {
             self.transmit(now, &mut result);
         }
         self.receive(now, &mut result);
-        for slot in self.qps.values_mut() {
-            if slot.qp.poll_timeout().is_some_and(|t| t <= now) {
-                slot.qp.handle_timeout(now);
-            }
-        }
+        self.ep.handle_timeouts(now);
         if defer_tx {
             self.transmit_deferred(now);
         } else {
             self.transmit(now, &mut result);
         }
-        self.drain_completions();
+        self.ep.drain_completions();
         result
     }
 
@@ -248,7 +192,7 @@ impl Engine {
         let mut result = PassResult::default();
         let now = self.now();
         self.transmit(now, &mut result);
-        self.drain_completions();
+        self.ep.drain_completions();
         result
     }
 
@@ -273,8 +217,8 @@ impl Engine {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => {
-                        self.counters.rx_errors += 1;
-                        self.last_error = Some(format!("receive: {e}"));
+                        self.ep.counters.rx_errors += 1;
+                        self.ep.last_error = Some(format!("receive: {e}"));
                         return;
                     }
                 }
@@ -282,10 +226,17 @@ impl Engine {
             for i in 0..n {
                 let meta = self.rx_meta[i];
                 let stride = meta.stride.max(1);
+                let slot = &mut self.rx_slots[i * self.rx_slot_len..(i + 1) * self.rx_slot_len];
                 let mut off = 0;
                 while off < meta.len {
                     let seg = stride.min(meta.len - off);
-                    self.handle_datagram(now, i, off, seg, &meta);
+                    let capture = self.capture.is_some();
+                    let frame = self
+                        .ep
+                        .handle(now, &meta, slot, HEADROOM + off, seg, capture);
+                    if let (Some(cap), Some(frame)) = (&self.capture, frame) {
+                        lock(&cap.0).write(&slot[frame]);
+                    }
                     result.received += 1;
                     off += stride;
                 }
@@ -295,101 +246,6 @@ impl Engine {
             }
         }
         result.more_rx = true;
-    }
-
-    /// Handles the datagram at `slot`'s data offset `off`, `len` bytes long.
-    fn handle_datagram(&mut self, now: QpInstant, slot: usize, off: usize, len: usize, m: &RxMeta) {
-        self.counters.rx_packets += 1;
-        self.counters.rx_bytes += len as u64;
-        let base = slot * self.rx_slot_len + HEADROOM + off;
-        let mut frame = FrameRepr {
-            eth: Some(EthRepr {
-                dst: self.local_mac,
-                src: mac_for(m.src.ip()),
-                vlan: None,
-            }),
-            ip: match (m.src.ip(), m.dst.ip()) {
-                (IpAddr::V4(src), IpAddr::V4(dst)) => IpRepr::V4(Ipv4Repr {
-                    src,
-                    dst,
-                    tos: m.tos,
-                    ident: m.ipv4.map_or(0, |i| i.ident),
-                    dont_fragment: m.ipv4.is_none_or(|i| i.dont_fragment),
-                    ttl: 64,
-                }),
-                (IpAddr::V6(src), IpAddr::V6(dst)) => IpRepr::V6(Ipv6Repr {
-                    src,
-                    dst,
-                    traffic_class: m.tos,
-                    flow_label: 0,
-                    hop_limit: 64,
-                }),
-                _ => {
-                    self.counters.rx_drop_malformed += 1;
-                    return;
-                }
-            },
-            udp: UdpRepr {
-                src_port: m.src.port(),
-                dst_port: m.dst.port(),
-                checksum: 0,
-            },
-        };
-        let hdr_len = frame.header_len();
-        let ip_off = base - hdr_len + 14;
-        frame.emit_headers(len, &mut self.rx_slots[base - hdr_len..base]);
-        let ip_packet_end = base + len;
-        let ok = if len < roce_wire::bth::HEADER_LEN + ICRC_LEN {
-            false
-        } else if matches!(frame.ip, IpRepr::V4(_)) && m.ipv4.is_none() {
-            // A UDP socket: solve for the hidden Identification and DF.
-            match self.solver.solve(&self.rx_slots[ip_off..ip_packet_end]) {
-                Some((ident, df)) => {
-                    if let IpRepr::V4(v4) = &mut frame.ip {
-                        v4.ident = ident;
-                        v4.dont_fragment = df;
-                    }
-                    if self.capture.is_some() {
-                        frame.emit_headers(len, &mut self.rx_slots[base - hdr_len..base]);
-                    }
-                    true
-                }
-                None => false,
-            }
-        } else {
-            roce_wire::icrc::verify(&self.rx_slots[ip_off..ip_packet_end])
-        };
-        if let Some(cap) = &self.capture {
-            lock(&cap.0).write(&self.rx_slots[base - hdr_len..ip_packet_end]);
-        }
-        if !ok {
-            self.counters.rx_icrc_errors += 1;
-            return;
-        }
-        let Ok(packet) = PacketRepr::parse(&self.rx_slots[base..ip_packet_end]) else {
-            self.counters.rx_drop_malformed += 1;
-            return;
-        };
-        let dqpn = packet.bth.dest_qp.value();
-        let Some(slot) = self.qps.get_mut(&dqpn) else {
-            self.counters.rx_drop_no_qp += 1;
-            return;
-        };
-        let mut grh = [0u8; 40];
-        match frame.ip {
-            IpRepr::V4(_) => grh[20..].copy_from_slice(&self.rx_slots[ip_off..ip_off + 20]),
-            IpRepr::V6(_) => grh.copy_from_slice(&self.rx_slots[ip_off..ip_off + 40]),
-        }
-        let meta = RecvMeta {
-            sgid: Gid::from_ip(m.src.ip()),
-            dgid: Gid::from_ip(m.dst.ip()),
-            grh,
-            ecn_ce: m.tos & 0x03 == 0x03,
-        };
-        if meta.ecn_ce {
-            self.counters.rx_ecn_ce += 1;
-        }
-        slot.qp.handle_packet(now, &packet, &meta);
     }
 
     // ---------------------------------------------------------------- transmit --
@@ -429,126 +285,28 @@ impl Engine {
         self.tx_deferred_earlier = self.tx_waiting();
     }
 
-    /// Fills the arena from the QPs, round robin; returns whether anything was queued.
+    /// Fills the arena from the endpoint; returns whether anything is queued.
     fn fill(&mut self, now: QpInstant) -> bool {
-        let n = self.order.len();
-        if n == 0 {
-            return false;
-        }
-        let mut idle = 0;
-        let mut i = self.rr % n;
-        while idle < n
-            && self.tx_descs.len() < BATCH
-            && self.tx_arena.len() - self.tx_used >= self.tx_room
-        {
-            let qpn = self.order[i];
-            let Some(slot) = self.qps.get_mut(&qpn) else {
-                idle += 1;
-                i = (i + 1) % n;
-                continue;
-            };
-            let start = self.tx_used;
-            match slot
-                .qp
-                .poll_transmit(now, &mut self.tx_arena[start..start + self.tx_room])
-            {
-                Some(t) => {
-                    idle = 0;
-                    let dst = SocketAddr::new(t.ah.dgid.to_ip(), ROCEV2_PORT);
-                    let desc = TxDesc {
-                        offset: start,
-                        len: t.len,
-                        dst,
-                        src_port: self.caps.fixed_source_port.unwrap_or(t.udp_sport),
-                        tos: t.ah.traffic_class,
-                        hop_limit: t.ah.hop_limit,
-                        flow_label: t.ah.flow_label,
-                    };
-                    if self.finish_packet(&desc) {
-                        self.tx_descs.push(desc);
-                        self.tx_used += t.len;
-                    }
-                }
-                None => {
-                    idle += 1;
-                    i = (i + 1) % n;
-                }
-            }
-        }
-        self.rr = i;
-        !self.tx_descs.is_empty()
-    }
-
-    /// Computes the ICRC of a packet in the arena for the headers it will travel with, and
-    /// captures it. Returns false (packet dropped and counted) if it cannot be sent.
-    fn finish_packet(&mut self, d: &TxDesc) -> bool {
-        let Some(frame) = self.tx_frame(d) else {
-            self.counters.tx_drop_address += 1;
-            self.last_error = Some(format!(
-                "cannot send from {} to {}: address families differ",
-                self.local.ip(),
-                d.dst.ip()
-            ));
-            return false;
-        };
-        let hdr_len = frame.header_len();
         let mut hdr = [0u8; MAX_HEADERS];
-        frame.emit_headers(d.len, &mut hdr[..hdr_len]);
-        let packet = &mut self.tx_arena[d.offset..d.offset + d.len];
-        if packet.len() < roce_wire::bth::HEADER_LEN + ICRC_LEN {
-            self.counters.tx_drop_address += 1;
-            return false;
+        while self.tx_descs.len() < BATCH && self.tx_arena.len() - self.tx_used >= self.tx_room {
+            let start = self.tx_used;
+            let buf = &mut self.tx_arena[start..start + self.tx_room];
+            let Some(desc) = self.ep.poll_transmit(now, buf, &mut hdr) else {
+                break;
+            };
+            if let Some(cap) = &self.capture {
+                let total = desc.hdr_len + desc.len;
+                self.scratch[..desc.hdr_len].copy_from_slice(&hdr[..desc.hdr_len]);
+                self.scratch[desc.hdr_len..total].copy_from_slice(&buf[..desc.len]);
+                lock(&cap.0).write(&self.scratch[..total]);
+            }
+            self.tx_descs.push(Queued {
+                offset: start,
+                desc,
+            });
+            self.tx_used += desc.len;
         }
-        let ip = &hdr[14..hdr_len - 8];
-        let udp = &hdr[hdr_len - 8..hdr_len];
-        let body_end = packet.len() - ICRC_LEN;
-        let Some(mut icrc) = Icrc::start(ip, udp, &packet[..roce_wire::bth::HEADER_LEN]) else {
-            return false;
-        };
-        icrc.update(&packet[roce_wire::bth::HEADER_LEN..body_end]);
-        packet[body_end..].copy_from_slice(&icrc.finish());
-        if let Some(cap) = &self.capture {
-            let total = hdr_len + d.len;
-            self.scratch[..hdr_len].copy_from_slice(&hdr[..hdr_len]);
-            self.scratch[hdr_len..total].copy_from_slice(packet);
-            lock(&cap.0).write(&self.scratch[..total]);
-        }
-        true
-    }
-
-    /// The headers a datagram leaves with (what the backend puts on the wire).
-    fn tx_frame(&self, d: &TxDesc) -> Option<FrameRepr> {
-        let ip = match (self.local.ip(), d.dst.ip()) {
-            (IpAddr::V4(src), IpAddr::V4(dst)) => IpRepr::V4(Ipv4Repr {
-                src,
-                dst,
-                tos: d.tos,
-                ident: 0,
-                dont_fragment: true,
-                ttl: d.hop_limit,
-            }),
-            (IpAddr::V6(src), IpAddr::V6(dst)) => IpRepr::V6(Ipv6Repr {
-                src,
-                dst,
-                traffic_class: d.tos,
-                flow_label: d.flow_label & 0xF_FFFF,
-                hop_limit: d.hop_limit,
-            }),
-            _ => return None,
-        };
-        Some(FrameRepr {
-            eth: Some(EthRepr {
-                dst: mac_for(d.dst.ip()),
-                src: self.local_mac,
-                vlan: None,
-            }),
-            ip,
-            udp: UdpRepr {
-                src_port: d.src_port,
-                dst_port: ROCEV2_PORT,
-                checksum: 0,
-            },
-        })
+        !self.tx_descs.is_empty()
     }
 
     /// Hands the pending descriptors to the datapath.
@@ -556,21 +314,22 @@ impl Engine {
         while self.tx_pending < self.tx_descs.len() {
             let pending = &self.tx_descs[self.tx_pending..];
             let mut batch: [TxDatagram<'_>; BATCH] = [TxDatagram::EMPTY; BATCH];
-            for (b, d) in batch.iter_mut().zip(pending) {
+            for (b, q) in batch.iter_mut().zip(pending) {
+                let d = &q.desc;
                 *b = TxDatagram {
                     dst: d.dst,
                     src_port: d.src_port,
                     tos: d.tos,
                     hop_limit: d.hop_limit,
                     flow_label: d.flow_label,
-                    payload: &self.tx_arena[d.offset..d.offset + d.len],
+                    payload: &self.tx_arena[q.offset..q.offset + d.len],
                 };
             }
             match self.dp.send(&batch[..pending.len()]) {
                 Ok(n) => {
-                    for d in &self.tx_descs[self.tx_pending..self.tx_pending + n] {
-                        self.counters.tx_packets += 1;
-                        self.counters.tx_bytes += d.len as u64;
+                    for q in &self.tx_descs[self.tx_pending..self.tx_pending + n] {
+                        self.ep.counters.tx_packets += 1;
+                        self.ep.counters.tx_bytes += q.desc.len as u64;
                     }
                     self.tx_pending += n;
                     result.sent += n;
@@ -579,63 +338,19 @@ impl Engine {
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.counters.tx_would_block += 1;
+                    self.ep.counters.tx_would_block += 1;
                     return;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     // Unreachable network or host, or a hard error: the datagram is lost (RC
                     // retries will report it); count it and keep the reason for the user.
-                    let d = self.tx_descs[self.tx_pending];
-                    self.counters.tx_errors += 1;
-                    self.last_error = Some(format!("send to {}: {e}", d.dst));
+                    let d = self.tx_descs[self.tx_pending].desc;
+                    self.ep.counters.tx_errors += 1;
+                    self.ep.last_error = Some(format!("send to {}: {e}", d.dst));
                     self.tx_pending += 1;
                 }
             }
-        }
-    }
-
-    // ------------------------------------------------------------- completions --
-
-    fn drain_completions(&mut self) {
-        for slot in self.qps.values_mut() {
-            while let Some((side, c)) = slot.qp.poll_completion() {
-                let cq = match side {
-                    CqSide::Send => &slot.send_cq,
-                    CqSide::Recv => &slot.recv_cq,
-                };
-                cq.push(c);
-            }
-            while let Some(e) = slot.qp.poll_event() {
-                if self.events.len() < 1024 {
-                    self.events.push(AsyncEvent {
-                        qpn: Qpn::new(slot.qp.qpn().value()),
-                        event: e,
-                    });
-                }
-                if let Event::QpFatal(status) = e {
-                    self.last_error = Some(format!(
-                        "QP {:#x} entered the error state: {:?}",
-                        slot.qp.qpn().value(),
-                        status
-                    ));
-                }
-            }
-        }
-    }
-}
-
-/// The MAC address we show for an IP address in captures when the backend has no Ethernet
-/// header (`udp`): locally administered, derived from the address, so flows are tellable.
-pub(crate) fn mac_for(ip: IpAddr) -> [u8; 6] {
-    match ip {
-        IpAddr::V4(v4) => {
-            let o = v4.octets();
-            [0x02, 0x00, o[0], o[1], o[2], o[3]]
-        }
-        IpAddr::V6(v6) => {
-            let o = v6.octets();
-            [0x02, o[11], o[12], o[13], o[14], o[15]]
         }
     }
 }

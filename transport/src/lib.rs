@@ -5,10 +5,14 @@
 //!
 //! - [`datapath`]: how datagrams leave and enter the host: kernel UDP sockets (`udp`, no
 //!   privileges), whole Ethernet frames (`raw`, `CAP_NET_RAW`) or an in-memory network with
-//!   faults (`sim`);
+//!   faults (`sim`); [`datapath::fault::FaultInjector`] adds seeded faults in front of any
+//!   of them;
 //! - the engine (private): receives, demultiplexes by QPN, runs the state machines, fires
 //!   timers and sends in batches, on a thread per device or under the application's
-//!   progress calls;
+//!   progress calls. Its logic is a sans-IO core (datagrams and time in; datagrams,
+//!   completions, events and the next deadline out) around which the threaded and the
+//!   application-driven loops are thin shells; the time it reads comes from an injected
+//!   [`clock::Clock`], so a `sim` scenario on a [`clock::VirtualClock`] replays from its seed;
 //! - the public API, shaped like verbs: [`Device`] (`ibv_context`), [`ProtectionDomain`],
 //!   [`MemoryRegion`], [`CompletionQueue`] with a completion channel, [`SharedReceiveQueue`],
 //!   [`QueuePair`]; work requests and completions are `roce-qp`'s, re-exported here;
@@ -53,8 +57,11 @@
 //! ```
 
 mod capture;
+pub mod clock;
 mod counters;
+mod cq;
 mod device;
+mod endpoint;
 mod engine;
 mod error;
 mod sys;
@@ -62,14 +69,15 @@ mod verbs;
 
 pub mod datapath;
 pub mod netdev;
-pub mod netns;
+pub mod portowner;
+#[cfg(feature = "selftest")]
 pub mod selftest;
 
+pub use capture::CaptureFile;
 pub use counters::{Counters, DeviceCounters};
+pub use cq::AsyncEvent;
 pub use datapath::sim::{LinkConfig, SimNetwork, SimStats};
-pub use device::{
-    Backend, CaptureFile, Device, DeviceAttr, DeviceConfig, PortAttr, PortState, Progress,
-};
+pub use device::{Backend, Device, DeviceAttr, DeviceConfig, PortAttr, PortState, Progress};
 pub use error::{OpenError, VerbsError};
 pub use netdev::{GidEntry, GidType};
 pub use roce_mr::{Access, AccessError};
@@ -81,6 +89,6 @@ pub use roce_qp::verbs::{
 pub use roce_qp::{Event, PostError, QpConfig, QpStats};
 pub use roce_wire::{Gid, LKey, Psn, QKey, Qpn, RKey};
 pub use verbs::{
-    AsyncEvent, CompletionQueue, ConnectOptions, MemoryRegion, ProtectionDomain, QpInit, QueuePair,
-    RemoteQp, SharedReceiveQueue,
+    CompletionQueue, ConnectOptions, MemoryRegion, ProtectionDomain, QpInit, QueuePair, RemoteQp,
+    SharedReceiveQueue,
 };

@@ -1,7 +1,16 @@
-//! Small OS wrappers: an `eventfd` for wakeups and completion notifications.
+//! Small OS wrappers: an `eventfd` for wakeups and completion notifications, and the one
+//! way this crate takes a mutex.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Mutex, MutexGuard};
+
+/// Locks `m`, ignoring poisoning: every value behind this crate's mutexes stays consistent
+/// between statements (counters, queues, an engine whose pass a panic interrupted), so a
+/// panic on another thread is no reason to stop the device.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// A non-blocking Linux `eventfd`: readable while notified.
 #[derive(Debug)]

@@ -6,7 +6,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use roce_transport::netns::{netns_or_skip, NetnsEnd, NetnsPair, Side};
+use roce_testkit::netns::{netns_or_skip, NetnsEnd, NetnsPair, Side};
 
 fn bind(end: &NetnsEnd, addr: SocketAddr) -> UdpSocket {
     let s = end
@@ -161,7 +161,7 @@ fn netns_pair_loss_on_kernel_udp() {
 
 #[test]
 fn netns_run_in_reports_missing_namespace() {
-    let e = roce_transport::netns::run_in("roce-no-such-namespace", || ()).unwrap_err();
+    let e = roce_testkit::netns::run_in("roce-no-such-namespace", || ()).unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::NotFound);
     assert!(e.to_string().contains("roce-no-such-namespace"), "{e}");
     assert!(!Path::new("/run/netns/roce-no-such-namespace").exists());

@@ -11,13 +11,13 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use raw_util::{can_run, open};
+use roce_testkit::netns::{NetnsPair, Side};
 use roce_transport::datapath::raw::RawOptions;
-use roce_transport::netns::{NetnsPair, Side};
 use roce_transport::selftest::{run_rc, run_ud, SelftestOptions};
 use roce_transport::{Backend, Device, DeviceConfig};
 
 fn devices(pair: &NetnsPair, v6: bool) -> (Device, Device) {
-    let ip = |e: &roce_transport::netns::NetnsEnd| -> IpAddr {
+    let ip = |e: &roce_testkit::netns::NetnsEnd| -> IpAddr {
         if v6 {
             e.ipv6().into()
         } else {

@@ -8,9 +8,9 @@ use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use raw_util::{can_run, datagram, drain, open, transfer};
+use roce_testkit::netns::{NetnsEnd, NetnsPair};
 use roce_transport::datapath::raw::{RawDatapath, RawError, RawOptions};
 use roce_transport::datapath::Datapath;
-use roce_transport::netns::{NetnsEnd, NetnsPair};
 
 fn try_open(end: &NetnsEnd, ifname: &str, ip: IpAddr) -> Result<RawDatapath, RawError> {
     end.netns()
@@ -104,8 +104,8 @@ fn raw_errors_unreachable_peer_is_reported() {
     let start = Instant::now();
     let mut ignored = Vec::new();
     while dp.last_error().is_none() && start.elapsed() < Duration::from_secs(5) {
-        if let Some(t) = dp.next_wakeup() {
-            std::thread::sleep(t.saturating_duration_since(Instant::now()));
+        if let Some(d) = dp.next_wakeup() {
+            std::thread::sleep(d);
         }
         drain(&mut dp, &mut ignored);
     }

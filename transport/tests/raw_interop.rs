@@ -12,9 +12,9 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use raw_util::{can_run, datagram, drain, open, payload, Got, WAIT};
+use roce_testkit::netns::{NetnsEnd, NetnsPair};
 use roce_transport::datapath::raw::{RawDatapath, RawOptions};
 use roce_transport::datapath::{Datapath, Ipv4Info, TxDatagram};
-use roce_transport::netns::{NetnsEnd, NetnsPair};
 use roce_wire::frame::{EthRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr, ROCEV2_PORT};
 use roce_wire::{icrc, samples, Caps, Frame, Opcode};
 
@@ -247,7 +247,7 @@ fn gso_to_raw(tag: &str, v6: bool, segment_first: bool) {
         set_pmtudisc_do(&sock);
     }
     if let Err(e) = set_udp_segment(&sock, 1000) {
-        eprintln!("SKIPPED {tag}: this kernel has no UDP GSO: {e}");
+        roce_testkit::skip(tag, format!("this kernel has no UDP GSO: {e}"));
         return;
     }
     let p = payload(7, 3500);

@@ -8,9 +8,9 @@ mod raw_util;
 use std::time::Duration;
 
 use raw_util::{can_run, collect, datagram, open, payload, send_all, WAIT};
+use roce_testkit::netns::{NetnsPair, Side};
 use roce_transport::datapath::raw::{RawDatapath, RawOptions};
 use roce_transport::datapath::{Datapath, TxDatagram};
-use roce_transport::netns::{NetnsPair, Side};
 
 const COUNT: usize = 2000;
 

@@ -8,9 +8,9 @@ mod raw_util;
 use std::net::{IpAddr, SocketAddr};
 
 use raw_util::{can_run, datagram, open, payload, transfer, Got};
+use roce_testkit::netns::NetnsPair;
 use roce_transport::datapath::raw::{RawDatapath, RawOptions};
 use roce_transport::datapath::{Datapath, Ipv4Info, TxDatagram};
-use roce_transport::netns::NetnsPair;
 
 /// Sends `sizes` from `tx` to `rx` in batches of 64 and checks every byte and field.
 fn exchange(tx: &mut RawDatapath, rx: &mut RawDatapath, sizes: &[usize]) {

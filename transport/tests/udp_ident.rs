@@ -115,7 +115,10 @@ fn capture_ipv4() -> Option<Socket> {
             Some(s)
         }
         Err(e) => {
-            eprintln!("!!! SKIPPED: cannot open an AF_PACKET socket ({e}); run as root");
+            roce_testkit::skip(
+                &roce_testkit::current_test(),
+                format!("cannot open an AF_PACKET socket ({e}); run as root"),
+            );
             None
         }
     }
@@ -237,7 +240,10 @@ fn tun(name: &str, setup: &[&str]) -> Option<File> {
     {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("!!! SKIPPED: cannot open /dev/net/tun ({e})");
+            roce_testkit::skip(
+                &roce_testkit::current_test(),
+                format!("cannot open /dev/net/tun ({e})"),
+            );
             return None;
         }
     };
@@ -266,9 +272,9 @@ fn tun(name: &str, setup: &[&str]) -> Option<File> {
         )
     };
     if r < 0 {
-        eprintln!(
-            "!!! SKIPPED: TUNSETIFF: {}",
-            std::io::Error::last_os_error()
+        roce_testkit::skip(
+            &roce_testkit::current_test(),
+            format!("TUNSETIFF: {}", std::io::Error::last_os_error()),
         );
         return None;
     }
@@ -277,7 +283,10 @@ fn tun(name: &str, setup: &[&str]) -> Option<File> {
         match Command::new("ip").args(&args).status() {
             Ok(s) if s.success() => {}
             other => {
-                eprintln!("!!! SKIPPED: `ip {cmd}` failed ({other:?}); is iproute2 installed?");
+                roce_testkit::skip(
+                    &roce_testkit::current_test(),
+                    format!("`ip {cmd}` failed ({other:?}); is iproute2 installed?"),
+                );
                 return None;
             }
         }
@@ -343,7 +352,10 @@ fn tx_run(arena: &[u8], len: usize, dst: SocketAddr) -> Vec<TxDatagram<'_>> {
 fn ipv4_off_loopback_every_datagram_leaves_with_ident_0() {
     let net = private_net();
     if !net.is_private() {
-        eprintln!("!!! SKIPPED: needs a private network namespace for its tun device");
+        roce_testkit::skip(
+            &roce_testkit::current_test(),
+            "needs a private network namespace for its tun device",
+        );
         return;
     }
     let Some(mut tun) = tun(
@@ -380,7 +392,10 @@ fn ipv4_off_loopback_every_datagram_leaves_with_ident_0() {
 fn ipv6_gso_segments_off_loopback_are_valid_roce_packets() {
     let net = private_net();
     if !net.is_private() {
-        eprintln!("!!! SKIPPED: needs a private network namespace for its tun device");
+        roce_testkit::skip(
+            &roce_testkit::current_test(),
+            "needs a private network namespace for its tun device",
+        );
         return;
     }
     let Some(mut tun) = tun(
@@ -402,7 +417,10 @@ fn ipv6_gso_segments_off_loopback_are_valid_roce_packets() {
     if a.caps().max_gso_segments > 1 {
         assert_eq!((s.gso_messages, s.gso_datagrams), (1, 8), "{s:?}");
     } else {
-        eprintln!("!!! GSO NOT AVAILABLE: IPv6 segmentation NOT tested");
+        roce_testkit::skip(
+            &roce_testkit::current_test(),
+            "GSO not available: IPv6 segmentation not tested",
+        );
     }
     let got = read_tun(&mut tun, 8, 6);
     assert_eq!(got.len(), 8, "segments read back");
@@ -426,7 +444,10 @@ fn ipv6_gso_segments_off_loopback_are_valid_roce_packets() {
 fn kernel_numbers_ipv4_gso_segments_off_loopback() {
     let net = private_net();
     if !net.is_private() {
-        eprintln!("!!! SKIPPED: needs a private network namespace for its tun device");
+        roce_testkit::skip(
+            &roce_testkit::current_test(),
+            "needs a private network namespace for its tun device",
+        );
         return;
     }
     let Some(mut tun) = tun(
@@ -470,7 +491,10 @@ fn kernel_numbers_ipv4_gso_segments_off_loopback() {
         .with_buffers(&bufs)
         .with_control(&ctrl);
     if let Err(e) = sock.sendmsg(&msg, 0) {
-        eprintln!("!!! SKIPPED: this kernel refuses UDP GSO here ({e})");
+        roce_testkit::skip(
+            &roce_testkit::current_test(),
+            format!("this kernel refuses UDP GSO here ({e})"),
+        );
         return;
     }
     let got = read_tun(&mut tun, 8, 4);

@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use roce_transport::netns::{netns_or_skip, NetnsPair, Side};
+use roce_testkit::netns::{netns_or_skip, NetnsPair, Side};
 use roce_transport::selftest::{run_rc, run_ud, SelftestOptions};
 use roce_transport::{Backend, Device, DeviceConfig, Mtu};
 

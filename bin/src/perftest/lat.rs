@@ -86,7 +86,7 @@ fn send_iter(s: &Session, cfg: &Config, size: u64, mut recvs: u64) -> anyhow::Re
     let n = usize::try_from(cfg.iters).context("-n too large")?;
     let client = cfg.role == Role::Client;
     let cq_mod = cfg.cq_mod.max(1) as usize;
-    let mut posted = vec![0u64; n];
+    let mut posted = crate::limits::timestamps(n)?;
     let mut wc = [Completion::EMPTY; 1];
     let (mut scnt, mut rcnt) = (0usize, 0usize);
     let t0 = Instant::now();
@@ -137,7 +137,7 @@ fn write_iter(s: &Session, cfg: &Config, size: u64) -> anyhow::Result<Vec<u64>> 
     let server = cfg.role == Role::Server;
     let post_byte = size as usize - 1;
     let poll_byte = s.half + size as usize - 1;
-    let mut posted = vec![0u64; n];
+    let mut posted = crate::limits::timestamps(n)?;
     let mut wc = [Completion::EMPTY; 1];
     let (mut scnt, mut ccnt, mut rcnt) = (0usize, 0usize, 0usize);
     let t0 = Instant::now();
@@ -203,7 +203,7 @@ fn wait_byte(s: &Session, cfg: &Config, offset: usize, value: u8) -> anyhow::Res
 
 fn read_iter(s: &Session, cfg: &Config, size: u64) -> anyhow::Result<Vec<u64>> {
     let n = usize::try_from(cfg.iters).context("-n too large")?;
-    let mut posted = vec![0u64; n];
+    let mut posted = crate::limits::timestamps(n)?;
     let mut wc = [Completion::EMPTY; 1];
     let t0 = Instant::now();
     for (i, p) in posted.iter_mut().enumerate() {

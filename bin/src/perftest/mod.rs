@@ -33,6 +33,7 @@ use clap::{Args, ValueEnum};
 use roce_transport::{Mtu, Progress, QpType};
 
 use crate::device::BackendKind;
+use crate::limits;
 use crate::oob::perftest::{Role, Tool};
 use crate::oob::{Timeout, DEFAULT_PORT};
 
@@ -303,6 +304,24 @@ impl Config {
         if iters == 0 || (!bw && iters < 2) {
             bail!("-n must be at least {}", if bw { 1 } else { 2 });
         }
+        // Counts and depths first: nothing is allocated or opened before they are known to fit.
+        limits::check_count(
+            "-n",
+            iters,
+            1,
+            limits::MAX_PERF_ITERS,
+            "one timestamp is kept per iteration",
+        )?;
+        limits::check_depth("-t", a.tx_depth as u64)?;
+        limits::check_depth("-r", a.rx_depth as u64)?;
+        for (opt, secs) in [
+            ("--timeout", Some(a.timeout)),
+            ("--accept-timeout", a.accept_timeout),
+        ] {
+            if let Some(secs) = secs {
+                limits::check_count(opt, secs, 0, limits::MAX_TIMEOUT_SECS, "seconds")?;
+            }
+        }
         let mtu = match a.mtu {
             Some(m) => Some(Mtu::from_bytes(m).ok_or_else(|| {
                 anyhow::anyhow!("-m {m}: the MTU is one of 256, 512, 1024, 2048, 4096")
@@ -321,9 +340,7 @@ impl Config {
             vec![8]
         } else {
             let s = a.size.unwrap_or(if bw { 65_536 } else { 2 });
-            if s == 0 || s > 1 << 31 {
-                bail!("-s {s}: the size must be between 1 and 2^31");
-            }
+            limits::check_size("-s", s, 1)?;
             vec![s]
         };
         // perftest: no more in flight than iterations, and a completion at least once per

@@ -554,7 +554,7 @@ fn open_device(cfg: &Config, peer: Option<IpAddr>) -> anyhow::Result<(Device, u8
         .name(name)
         .progress(cfg.progress)
         .seed(seed());
-    config.pcap.clone_from(&cfg.pcap);
+    config.capture = crate::signals::open_capture(cfg.pcap.as_deref(), &config.name)?;
     let dev = Device::open(config).with_context(|| format!("opening the device on {ip}"))?;
     let index = dev.local_gid_index().unwrap_or(0);
     let gid = dev.local_gid();

@@ -26,7 +26,8 @@
 //! (`-o` on-demand paging, `-O`, `-P`, `-t` timestamps, `-j` device memory) are refused with
 //! the message the stock tools print on rxe; a path MTU above the device's active MTU is
 //! refused up front; a failed completion is followed by `rocectl: hint:` lines naming the
-//! likely cause (an MTU mismatch, a silent peer); `--chk` failures (`invalid data in page N`)
+//! likely cause (a silent peer; an MTU mismatch only when the message sizes make one possible);
+//! `--chk` failures (`invalid data in page N`)
 //! make the exit status 1, and `--chk` also checks the echoed data on the client;
 //! `--timeout` bounds the waits the stock tools make for ever.
 
@@ -41,6 +42,7 @@ use clap::Args;
 use roce_transport::{Mtu, QpType};
 
 use crate::device::BackendKind;
+use crate::limits;
 
 /// Which of the four tools.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -310,14 +312,22 @@ fn run(opts: Options) -> anyhow::Result<ExitCode> {
     if opts.common.rx_depth == 0 {
         bail!("-r 0: at least one receive must be posted");
     }
+    // Sizes and counts first: nothing is allocated or opened before they are known to fit.
+    limits::check_depth("-r", opts.common.rx_depth as u64)?;
+    limits::check_size("-s", opts.size as u64, 0)?;
+    limits::check_count(
+        "-n",
+        opts.common.iters,
+        0,
+        u64::from(u32::MAX),
+        "the stock tools' iteration count is 32 bits",
+    )?;
     for (name, secs) in [
         ("--oob-timeout", Some(opts.common.oob_timeout)),
         ("--timeout", opts.common.timeout),
     ] {
         if let Some(s) = secs {
-            if !(s.is_finite() && s > 0.0) {
-                bail!("{name} {s}: expected a positive number of seconds");
-            }
+            limits::check_secs(name, s)?;
         }
     }
     session::run(&opts)

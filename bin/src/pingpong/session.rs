@@ -241,7 +241,10 @@ impl Resources {
         // rc/uc/ud fill their buffer with 0x7b (`memset(ctx->buf, 0x7b, size)`), srq with 0.
         let fill = fill_byte(opts.tool);
         let mr = pd
-            .register(vec![fill; opts.size + grh], Access::LOCAL_WRITE)
+            .register(
+                crate::limits::buffer(opts.size + grh, fill, "the message buffer")?,
+                Access::LOCAL_WRITE,
+            )
             .context("Couldn't register MR")?;
         let cq_depth = match opts.tool {
             Tool::Srq => c.rx_depth + opts.num_qp,
@@ -544,6 +547,7 @@ fn explain(res: &Resources, opts: &Options, status: Option<WcStatus>, peer: &str
         status,
         stats: &stats,
         mtu: opts.mtu,
+        size: opts.size,
         peer,
     };
     for hint in hints(&failure) {

@@ -55,35 +55,61 @@ pub(crate) struct Failure<'a> {
     pub(crate) stats: &'a QpStats,
     /// Our path MTU (`None` for UD: the port MTU).
     pub(crate) mtu: Option<Mtu>,
+    /// Our message size (`-s`).
+    pub(crate) size: usize,
     /// The peer's RoCE address, for messages.
     pub(crate) peer: &'a str,
 }
 
 /// Hints about the likely cause, most specific first (empty when nothing stands out).
+///
+/// A path MTU mismatch is named only where the sizes allow it: the peer's `-m` is not part of
+/// the exchange, so for a refused request it is a possibility to check, named only when our
+/// messages take more than one packet at the smallest path MTU (256 bytes; a smaller message is
+/// one packet whatever either side's `-m`); packets dropped for their length on a UC QP are
+/// the MTU check itself. Otherwise a NAK is described as what it is, in rdma-core's words.
 pub(crate) fn hints(f: &Failure<'_>) -> Vec<String> {
     let s = f.stats;
-    let mtu = f
-        .mtu
-        .map_or_else(|| "the port MTU".to_owned(), |m| m.bytes().to_string());
-    let mismatch =
-        format!("most often a path MTU mismatch: both sides must use the same -m (ours: {mtu})");
+    let mtu_can_matter = f.mtu.is_some() && f.size > Mtu::Mtu256.bytes();
+    let check_mtu = match f.mtu {
+        Some(m) if mtu_can_matter => format!(
+            "; with {}-byte messages (more than one packet at a smaller MTU) it may be a path MTU \
+             mismatch: both sides must use the same -m (ours: {})",
+            f.size,
+            m.bytes()
+        ),
+        _ => String::new(),
+    };
     let mut out = Vec::new();
     let inv_sent = s.naks_sent_by_code[0];
     let inv_received = s.naks_received_by_code[0];
     if inv_sent > 0 {
         out.push(format!(
-            "we refused {inv_sent} of the peer's packets as invalid requests (NAK sent) and our \
-             QP entered the error state: {mismatch}"
+            "we refused {inv_sent} of the peer's packets as invalid requests (NAK sent: a \
+             packet out of sequence or longer than the receive buffer of {} bytes) and our QP \
+             entered the error state{check_mtu}",
+            f.size
         ));
     }
     if inv_received > 0 || f.status == Some(WcStatus::RemInvReqErr) {
         out.push(format!(
-            "the peer refused our request as invalid (NAK received): {mismatch}"
+            "the peer refused our request: {} (NAK received: is its -s smaller than ours, {}?)\
+             {check_mtu}",
+            status_str(WcStatus::RemInvReqErr),
+            f.size
         ));
     }
     if s.drop_length > 0 {
+        let why = match f.mtu {
+            // UC: a FIRST or MIDDLE payload must be exactly the path MTU, an ONLY or LAST at most.
+            Some(m) => format!(
+                "their payloads do not fit our path MTU of {}: both sides must use the same -m",
+                m.bytes()
+            ),
+            None => "malformed lengths".to_owned(),
+        };
         out.push(format!(
-            "{} packet(s) from the peer were dropped for their length: {mismatch}",
+            "{} packet(s) from the peer were dropped for their length: {why}",
             s.drop_length
         ));
     }
@@ -113,12 +139,23 @@ pub(crate) fn hints(f: &Failure<'_>) -> Vec<String> {
         )),
         Some(WcStatus::RnrRetryExcErr) => out
             .push("the peer had no receive posted for too long (RNR retries exhausted)".to_owned()),
-        None if silent => out.push(format!(
-            "nothing ever came from the peer at {} over RoCE: is it reachable over UDP 4791 \
-             (firewall?), and does its GID match its address? If it runs, it may be dropping \
-             our packets: {mismatch}",
-            f.peer
-        )),
+        None if silent => {
+            // UD: a message is one packet, dropped by a receiver whose port MTU is smaller.
+            let ud_mtu = if f.mtu.is_none() && f.size > Mtu::Mtu256.bytes() {
+                format!(
+                    "; a UD message is one packet: a peer whose port MTU is below {} bytes drops \
+                     ours",
+                    f.size
+                )
+            } else {
+                String::new()
+            };
+            out.push(format!(
+                "nothing ever came from the peer at {} over RoCE: is it reachable over UDP 4791 \
+                 (firewall?), and does its GID match its address?{check_mtu}{ud_mtu}",
+                f.peer
+            ));
+        }
         _ => {}
     }
     out
@@ -140,17 +177,104 @@ mod tests {
         );
     }
 
+    fn failure(
+        status: Option<WcStatus>,
+        stats: &QpStats,
+        mtu: Option<Mtu>,
+        size: usize,
+    ) -> Vec<String> {
+        hints(&Failure {
+            status,
+            stats,
+            mtu,
+            size,
+            peer: "127.0.0.1",
+        })
+    }
+
     #[test]
-    fn mtu_mismatch_is_named() {
+    fn mtu_mismatch_is_named_when_the_sizes_allow_it() {
         let mut stats = QpStats::default();
         stats.naks_sent_by_code[0] = 1;
-        let h = hints(&Failure {
-            status: Some(WcStatus::WrFlushErr),
-            stats: &stats,
-            mtu: Some(Mtu::Mtu1024),
-            peer: "127.0.0.1",
-        });
-        assert!(h[0].contains("path MTU mismatch"), "{h:?}");
-        assert!(h[0].contains("ours: 1024"), "{h:?}");
+        let h = failure(Some(WcStatus::WrFlushErr), &stats, Some(Mtu::Mtu1024), 4096);
+        assert!(
+            h[0].ends_with(
+                "; with 4096-byte messages (more than one packet at a smaller MTU) it may be a \
+                 path MTU mismatch: both sides must use the same -m (ours: 1024)"
+            ),
+            "{h:?}"
+        );
+        // A message that is one packet at any path MTU: no MTU in any hint.
+        let h = failure(Some(WcStatus::WrFlushErr), &stats, Some(Mtu::Mtu1024), 256);
+        assert_eq!(
+            h,
+            ["we refused 1 of the peer's packets as invalid requests (NAK sent: a packet out of \
+              sequence or longer than the receive buffer of 256 bytes) and our QP entered the \
+              error state"]
+        );
+    }
+
+    #[test]
+    fn an_invalid_request_nak_received_is_described_plainly() {
+        let stats = QpStats {
+            rx_packets: 3,
+            ..QpStats::default()
+        };
+        let h = failure(Some(WcStatus::RemInvReqErr), &stats, Some(Mtu::Mtu4096), 64);
+        assert_eq!(
+            h,
+            [
+                "the peer refused our request: remote invalid request error (NAK received: is its \
+              -s smaller than ours, 64?)"
+            ]
+        );
+        let h = failure(
+            Some(WcStatus::RemInvReqErr),
+            &stats,
+            Some(Mtu::Mtu1024),
+            4096,
+        );
+        assert!(h[0].ends_with("the same -m (ours: 1024)"), "{h:?}");
+        // UD has no path MTU of its own to mismatch.
+        let h = failure(Some(WcStatus::RemInvReqErr), &stats, None, 4096);
+        assert!(
+            !h.iter().any(|l| l.contains("MTU") || l.contains("-m")),
+            "{h:?}"
+        );
+    }
+
+    #[test]
+    fn uc_length_drops_are_the_mtu_check() {
+        let stats = QpStats {
+            drop_length: 2,
+            rx_packets: 2,
+            ..QpStats::default()
+        };
+        let h = failure(None, &stats, Some(Mtu::Mtu1024), 64);
+        assert_eq!(
+            h,
+            ["2 packet(s) from the peer were dropped for their length: their payloads do not fit \
+              our path MTU of 1024: both sides must use the same -m"]
+        );
+    }
+
+    #[test]
+    fn a_silent_peer_mentions_the_mtu_only_for_multi_packet_messages() {
+        let stats = QpStats::default();
+        let small = failure(None, &stats, Some(Mtu::Mtu1024), 100);
+        assert!(!small[0].contains("MTU"), "{small:?}");
+        let big = failure(None, &stats, Some(Mtu::Mtu1024), 100_000);
+        assert!(big[0].contains("path MTU mismatch"), "{big:?}");
+        // UD: one packet per message, so the peer's port MTU matters above 256 bytes only.
+        let ud = failure(None, &stats, None, 2048);
+        assert!(
+            ud[0].ends_with(
+                "; a UD message is one packet: a peer whose port MTU is below 2048 bytes drops \
+                 ours"
+            ),
+            "{ud:?}"
+        );
+        let ud = failure(None, &stats, None, 200);
+        assert!(!ud[0].contains("MTU"), "{ud:?}");
     }
 }

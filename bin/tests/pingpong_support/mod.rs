@@ -2,61 +2,49 @@
 //! 127.0.0.1 and 127.0.0.2 on `lo`, `rocectl` processes run inside it with a deadline, and a
 //! parser for the lines the pingpong tools print.
 //!
-//! Each test gets its own namespace (`ip netns add`), so the tests run in parallel without
-//! sharing UDP port 4791 or TCP port 18515, and nothing touches the host's interfaces. The
-//! namespace is deleted when the [`Netns`] guard drops. Without root or iproute2 the tests
-//! that need a namespace print why and pass without running.
+//! Each test gets its own namespace (the test kit's `TempNetns`), so the tests run in parallel
+//! without sharing UDP port 4791 or TCP port 18515, and nothing touches the host's interfaces.
+//! The namespace is deleted when the [`Netns`] guard drops. Without root the tests follow the
+//! test kit's skip policy: a loud `SKIPPED` line locally, a failure in CI.
 
 #![allow(dead_code)]
 
 use std::io::Read;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::{Child, ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use roce_testkit::netns::{netns_or_skip, TempNetns};
 
 /// The binary under test.
 pub(crate) const ROCECTL: &str = env!("CARGO_BIN_EXE_rocectl");
 
 /// A network namespace of our own, deleted on drop.
 pub(crate) struct Netns {
-    name: String,
+    ns: TempNetns,
 }
 
 impl Netns {
     /// Creates a namespace with `lo` up and 127.0.0.2/8 added (GID table of `lo`:
     /// `fe80::200:ff:fe00:0`, `::ffff:127.0.0.1` at 1, `::ffff:127.0.0.2` at 2, `::1`).
-    /// `None` (with a message) when namespaces cannot be created here.
+    /// `None` when namespaces cannot be used here, after the test kit's skip policy printed
+    /// why (and panics in CI).
+    #[track_caller]
     pub(crate) fn new(tag: &str) -> Option<Self> {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let name = format!(
-            "rocectl-pp-{}-{}-{tag}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        let created = Command::new("ip")
-            .args(["netns", "add", &name])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !created {
-            eprintln!("skipped: `ip netns add` failed (needs root and iproute2)");
+        let test = roce_testkit::current_test();
+        if !netns_or_skip(&test) {
             return None;
         }
-        let ns = Self { name };
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns.ip(&["addr", "add", "127.0.0.2/8", "dev", "lo"]);
-        Some(ns)
+        let ns = TempNetns::create(&format!("pp_{tag}"))
+            .unwrap_or_else(|e| panic!("{test}: cannot create its namespace: {e}"));
+        Some(Self { ns })
     }
 
     /// Runs `ip ARGS` inside the namespace; panics if it fails.
     pub(crate) fn ip(&self, args: &[&str]) {
-        let status = Command::new("ip")
-            .args(["netns", "exec", &self.name, "ip"])
-            .args(args)
-            .status()
-            .expect("ip runs");
-        assert!(status.success(), "ip {args:?} failed in {}", self.name);
+        if let Err(e) = self.ns.netns().exec("ip", args) {
+            panic!("ip {args:?} failed in {}: {e}", self.ns.name());
+        }
     }
 
     /// Starts `rocectl ARGS` inside the namespace, output captured.
@@ -66,8 +54,9 @@ impl Netns {
 
     /// Starts any program inside the namespace, output captured.
     pub(crate) fn spawn_program(&self, program: &str, args: &[&str]) -> Proc {
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.name, program])
+        let child = self
+            .ns
+            .command(program)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -86,14 +75,6 @@ impl Netns {
     }
 }
 
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
 /// A running process.
 pub(crate) struct Proc {
     child: Child,
@@ -101,6 +82,16 @@ pub(crate) struct Proc {
 }
 
 impl Proc {
+    /// Waits until the process listens on TCP `port` (at most `limit`); panics otherwise.
+    /// `ip netns exec` runs the program in its own process, so the pid is the program's.
+    pub(crate) fn wait_listening(&self, port: u16, limit: Duration) {
+        assert!(
+            roce_testkit::proc::wait_listening(self.child.id(), port, limit),
+            "`{}` did not listen on TCP {port} within {limit:?}",
+            self.what
+        );
+    }
+
     /// Waits for the exit, killing the process (by its own handle) after `limit`.
     pub(crate) fn finish(mut self, limit: Duration) -> Output {
         let deadline = Instant::now() + limit;

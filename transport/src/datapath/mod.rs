@@ -10,6 +10,9 @@
 //!   and ARP/neighbour resolution; needs `CAP_NET_RAW`;
 //! - [`sim`]: in-memory links with seeded loss, duplication, reordering and corruption.
 //!
+//! Middleware wraps any backend: [`fault::FaultInjector`] applies the stack's one fault model
+//! (seeded loss, burst loss, duplication, reordering, corruption, delay) to what it sends.
+//!
 //! # The IP header contract (why the ICRC is right)
 //!
 //! The ICRC covers the IPv4 Identification and flags (only TOS, TTL and the checksum are
@@ -26,6 +29,7 @@ use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
+pub mod fault;
 pub(crate) mod open;
 pub mod raw;
 pub mod sim;
@@ -157,9 +161,11 @@ pub trait Datapath: Send + fmt::Debug {
     /// with mio/epoll). `None`: the caller must poll.
     fn readiness_fd(&self) -> Option<RawFd>;
 
-    /// A time at which the backend will have data without the descriptor becoming readable
-    /// (a simulated link's delayed packet). Default: never.
-    fn next_wakeup(&self) -> Option<std::time::Instant> {
+    /// How long from now until the backend will have work without the descriptor becoming
+    /// readable (a delayed packet of a fault injector, a neighbour-resolution timer); zero if
+    /// that is already the case. Relative, so each backend measures it on its own clock (the
+    /// system clock, or an injected virtual one). Default: never.
+    fn next_wakeup(&self) -> Option<std::time::Duration> {
         None
     }
 }

@@ -39,8 +39,8 @@
 //!
 //! Everything about the interface (its index, MAC, addresses, MTU, the kernel's neighbour
 //! table) is read in the network namespace of the thread that calls [`RawDatapath::open`],
-//! and the sockets stay in it: open the backend inside
-//! [`Netns::enter_scoped`](crate::netns::Netns::enter_scoped) to use an interface of another
+//! and the sockets stay in it: open the backend on a thread inside the other namespace (the
+//! tests use `roce_testkit::netns::Netns::enter_scoped`) to use an interface of that
 //! namespace.
 
 use std::fmt;
@@ -799,12 +799,15 @@ impl Datapath for RawDatapath {
         Some(self.sock.as_raw_fd())
     }
 
-    fn next_wakeup(&self) -> Option<Instant> {
+    fn next_wakeup(&self) -> Option<Duration> {
         if self.rx_next < self.rx_count {
             // Frames read but not delivered: the descriptor will not say so.
-            return Some(Instant::now());
+            return Some(Duration::ZERO);
         }
-        self.neighbours.next_deadline()
+        let now = Instant::now();
+        self.neighbours
+            .next_deadline()
+            .map(|t| t.saturating_duration_since(now))
     }
 }
 

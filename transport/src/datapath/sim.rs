@@ -1,26 +1,31 @@
 //! The `sim` backend: an in-memory network of ports with seeded faults.
 //!
 //! A [`SimNetwork`] is a switch: every [`SimDatapath`] opened on it owns one IP address, and a
-//! datagram sent to an address is queued at that port after the link's fault model has run
-//! (loss, Gilbert burst loss, duplication, reordering, corruption, delay and jitter: the same
-//! knobs as `roce_qp::testing::LinkConfig`, which it reuses). Ports report the IPv4
+//! datagram sent to an address is queued at that port. Faults (loss, Gilbert burst loss,
+//! duplication, reordering, corruption, delay and jitter) come from a
+//! [`FaultInjector`] in front of each port, all of them sharing
+//! the network's one fault model and seed ([`roce_qp::fault`], the model the queue-pair
+//! simulator uses too), and all reading the network's [`Clock`]. Ports report the IPv4
 //! Identification the engine used (0) and DF, so the engine checks all 32 ICRC bits, and a
 //! corrupted packet is caught by the ICRC like on a real wire.
 //!
 //! Readiness is an `eventfd` per port, so devices on a simulated network run under the same
-//! engine loop as real ones. It is for tests and the embedded demo, not for speed.
+//! engine loop as real ones. On a [`crate::clock::VirtualClock`], devices driven by
+//! [`crate::Progress::Manual`] replay exactly from the seed. It is for tests and the embedded
+//! demo, not for speed.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-pub use roce_qp::testing::LinkConfig;
-use roce_qp::testing::Rng;
+pub use roce_qp::fault::LinkConfig;
 
+use super::fault::{FaultInjector, SharedFaults};
 use super::{Datapath, DatapathCaps, Ipv4Info, RxMeta, TxDatagram};
+use crate::clock::{self, Clock};
 use crate::sys::EventFd;
 
 /// Counters of a simulated network.
@@ -32,7 +37,7 @@ pub struct SimStats {
     pub lost: u64,
     /// Extra copies made.
     pub duplicated: u64,
-    /// Delivered with a flipped byte.
+    /// Delivered with a flipped bit.
     pub corrupted: u64,
     /// Held back to arrive after later ones.
     pub reordered: u64,
@@ -46,15 +51,15 @@ pub struct SimStats {
 #[derive(Clone, Debug)]
 pub struct SimNetwork {
     inner: Arc<Mutex<SimInner>>,
+    faults: SharedFaults,
+    clock: Arc<dyn Clock>,
 }
 
 #[derive(Debug)]
 struct SimInner {
     ports: HashMap<IpAddr, Port>,
-    link: LinkConfig,
-    rng: Rng,
-    in_burst: bool,
-    stats: SimStats,
+    no_port: u64,
+    queue_full: u64,
     ip_mtu: usize,
     queue_limit: usize,
 }
@@ -67,24 +72,30 @@ struct Port {
 
 #[derive(Debug)]
 struct InFlight {
-    due: Instant,
     data: Vec<u8>,
     meta: RxMeta,
 }
 
 impl SimNetwork {
-    /// A network whose every link behaves as `link`, faults drawn from `seed`.
+    /// A network whose every link behaves as `link`, faults drawn from `seed`, on the system
+    /// clock.
     pub fn new(link: LinkConfig, seed: u64) -> Self {
+        Self::with_clock(link, seed, clock::system())
+    }
+
+    /// A network on `clock` (share a [`crate::clock::VirtualClock`] with the devices for a
+    /// replayable run).
+    pub fn with_clock(link: LinkConfig, seed: u64, clock: Arc<dyn Clock>) -> Self {
         Self {
             inner: Arc::new(Mutex::new(SimInner {
                 ports: HashMap::new(),
-                link,
-                rng: Rng::new(seed),
-                in_burst: false,
-                stats: SimStats::default(),
+                no_port: 0,
+                queue_full: 0,
                 ip_mtu: 9000,
                 queue_limit: 65_536,
             })),
+            faults: SharedFaults::new(link, seed),
+            clock,
         }
     }
 
@@ -101,7 +112,7 @@ impl SimNetwork {
 
     /// Changes the fault model of every link from now on.
     pub fn set_link(&self, link: LinkConfig) {
-        self.lock().link = link;
+        self.faults.set_link(link);
     }
 
     /// Sets the interface MTU ports report (default 9000).
@@ -111,7 +122,22 @@ impl SimNetwork {
 
     /// Counters so far.
     pub fn stats(&self) -> SimStats {
-        self.lock().stats
+        let f = self.faults.stats();
+        let inner = self.lock();
+        SimStats {
+            sent: f.offered,
+            lost: f.lost,
+            duplicated: f.duplicated,
+            corrupted: f.corrupted,
+            reordered: f.reordered,
+            no_port: inner.no_port,
+            queue_full: inner.queue_full,
+        }
+    }
+
+    /// The clock the network's delays run on.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
     }
 
     /// Opens a port with address `ip` (UDP port 4791).
@@ -134,11 +160,16 @@ impl SimNetwork {
                 queue: VecDeque::new(),
             },
         );
-        Ok(SimDatapath {
+        let port = SimPort {
             net: self.clone(),
             local: SocketAddr::new(ip, roce_wire::frame::ROCEV2_PORT),
             event,
-        })
+        };
+        Ok(SimDatapath(FaultInjector::with_shared(
+            port,
+            self.faults.clone(),
+            self.clock.clone(),
+        )))
     }
 
     fn lock(&self) -> MutexGuard<'_, SimInner> {
@@ -148,91 +179,54 @@ impl SimNetwork {
 }
 
 impl SimInner {
-    fn offer(&mut self, now: Instant, from: SocketAddr, d: &TxDatagram<'_>) {
-        self.stats.sent += 1;
-        let link = self.link;
-        if self.in_burst {
-            if self.rng.chance(link.burst_end) {
-                self.in_burst = false;
-            }
-        } else if self.rng.chance(link.burst_start) {
-            self.in_burst = true;
-        }
-        if self.in_burst || self.rng.chance(link.loss) {
-            self.stats.lost += 1;
+    /// Queues a datagram (its faults already applied) at its destination port.
+    fn deliver(&mut self, from: SocketAddr, d: &TxDatagram<'_>) {
+        let limit = self.queue_limit;
+        let Some(port) = self.ports.get_mut(&d.dst.ip()) else {
+            self.no_port += 1;
+            return;
+        };
+        if port.queue.len() >= limit {
+            self.queue_full += 1;
             return;
         }
-        let copies = if self.rng.chance(link.duplicate) {
-            self.stats.duplicated += 1;
-            2
-        } else {
-            1
+        let meta = RxMeta {
+            len: d.payload.len(),
+            stride: d.payload.len(),
+            src: SocketAddr::new(from.ip(), d.src_port),
+            dst: d.dst,
+            tos: d.tos,
+            ipv4: from.is_ipv4().then_some(Ipv4Info {
+                ident: 0,
+                dont_fragment: true,
+            }),
         };
-        for _ in 0..copies {
-            let mut delay = link.delay_ns;
-            if link.jitter_ns > 0 {
-                delay += self.rng.below(link.jitter_ns + 1);
-            }
-            if self.rng.chance(link.reorder) {
-                self.stats.reordered += 1;
-                delay += link.reorder_delay_ns;
-            }
-            let mut data = d.payload.to_vec();
-            if !data.is_empty() && self.rng.chance(link.corrupt) {
-                self.stats.corrupted += 1;
-                let at = self.rng.below(data.len() as u64) as usize;
-                data[at] ^= 1 << self.rng.below(8);
-            }
-            let meta = RxMeta {
-                len: data.len(),
-                stride: data.len(),
-                src: SocketAddr::new(from.ip(), d.src_port),
-                dst: d.dst,
-                tos: d.tos,
-                ipv4: from.is_ipv4().then_some(Ipv4Info {
-                    ident: 0,
-                    dont_fragment: true,
-                }),
-            };
-            let limit = self.queue_limit;
-            let Some(port) = self.ports.get_mut(&d.dst.ip()) else {
-                self.stats.no_port += 1;
-                return;
-            };
-            if port.queue.len() >= limit {
-                self.stats.queue_full += 1;
-                return;
-            }
-            let due = now + Duration::from_nanos(delay);
-            // Keep the queue sorted by due time (stable for equal times).
-            let at = port
-                .queue
-                .iter()
-                .rposition(|p| p.due <= due)
-                .map_or(0, |i| i + 1);
-            port.queue.insert(at, InFlight { due, data, meta });
-            if at == 0 && due <= now {
-                port.event.notify();
-            }
+        port.queue.push_back(InFlight {
+            data: d.payload.to_vec(),
+            meta,
+        });
+        if port.queue.len() == 1 {
+            // Readable while the queue is not empty (`recv` re-arms it when it leaves some).
+            port.event.notify();
         }
     }
 }
 
-/// One port of a [`SimNetwork`].
+/// A port's wire: delivers what it is given at once, without faults.
 #[derive(Debug)]
-pub struct SimDatapath {
+struct SimPort {
     net: SimNetwork,
     local: SocketAddr,
     event: Arc<EventFd>,
 }
 
-impl Drop for SimDatapath {
+impl Drop for SimPort {
     fn drop(&mut self) {
         self.net.lock().ports.remove(&self.local.ip());
     }
 }
 
-impl Datapath for SimDatapath {
+impl Datapath for SimPort {
     fn name(&self) -> &'static str {
         "sim"
     }
@@ -252,16 +246,14 @@ impl Datapath for SimDatapath {
     }
 
     fn send(&mut self, batch: &[TxDatagram<'_>]) -> io::Result<usize> {
-        let now = Instant::now();
         let mut inner = self.net.lock();
         for d in batch {
-            inner.offer(now, self.local, d);
+            inner.deliver(self.local, d);
         }
         Ok(batch.len())
     }
 
     fn recv(&mut self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RxMeta]) -> io::Result<usize> {
-        let now = Instant::now();
         let mut inner = self.net.lock();
         let port = inner
             .ports
@@ -270,10 +262,6 @@ impl Datapath for SimDatapath {
         self.event.drain();
         let mut n = 0;
         while n < bufs.len().min(meta.len()) {
-            match port.queue.front() {
-                Some(p) if p.due <= now => {}
-                _ => break,
-            }
             let Some(p) = port.queue.pop_front() else {
                 break;
             };
@@ -286,7 +274,7 @@ impl Datapath for SimDatapath {
             };
             n += 1;
         }
-        if port.queue.front().is_some_and(|p| p.due <= now) {
+        if !port.queue.is_empty() {
             self.event.notify();
         }
         if n == 0 {
@@ -298,13 +286,40 @@ impl Datapath for SimDatapath {
     fn readiness_fd(&self) -> Option<RawFd> {
         Some(self.event.as_raw_fd())
     }
+}
 
-    fn next_wakeup(&self) -> Option<Instant> {
-        let inner = self.net.lock();
-        inner
-            .ports
-            .get(&self.local.ip())
-            .and_then(|p| p.queue.front().map(|f| f.due))
+/// One port of a [`SimNetwork`]: a perfect in-memory wire behind the network's
+/// [`FaultInjector`].
+#[derive(Debug)]
+pub struct SimDatapath(FaultInjector<SimPort>);
+
+impl Datapath for SimDatapath {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn caps(&self) -> DatapathCaps {
+        self.0.caps()
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        self.0.local_addr()
+    }
+
+    fn send(&mut self, batch: &[TxDatagram<'_>]) -> io::Result<usize> {
+        self.0.send(batch)
+    }
+
+    fn recv(&mut self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RxMeta]) -> io::Result<usize> {
+        self.0.recv(bufs, meta)
+    }
+
+    fn readiness_fd(&self) -> Option<RawFd> {
+        self.0.readiness_fd()
+    }
+
+    fn next_wakeup(&self) -> Option<Duration> {
+        self.0.next_wakeup()
     }
 }
 

@@ -211,10 +211,7 @@ impl From<UdpError> for OpenError {
         match e {
             UdpError::AddrInUse { addr } => Self::AddrInUse {
                 addr,
-                detail: format!(
-                    "a kernel rdma_rxe device holds 0.0.0.0:4791; see `ss -uapn 'sport = :{}'`",
-                    addr.port()
-                ),
+                detail: crate::portowner::in_use_detail(addr),
             },
             UdpError::AddrNotAvailable { addr } => Self::AddrNotAvailable { addr },
             other => Self::Backend {

@@ -7,9 +7,9 @@ use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use roce_testkit::netns::{netns_or_skip, NetnsEnd};
 use roce_transport::datapath::raw::{RawDatapath, RawOptions};
 use roce_transport::datapath::{Datapath, RxMeta, TxDatagram};
-use roce_transport::netns::{netns_or_skip, NetnsEnd};
 
 /// The longest any single wait in these tests may take.
 pub const WAIT: Duration = Duration::from_secs(5);

@@ -1,87 +1,25 @@
 //! Helpers shared by the `udp_*` tests: a private network namespace per test, contiguous
 //! transmit arenas like the engine's, and bounded send/receive loops.
 //!
-//! Every test runs in its own network namespace (`unshare(CLONE_NEWNET)` moves only the
-//! calling thread), so tests can all use 127.0.0.1:4791 at once and do not collide with other
-//! programs on the host. Without the privilege to do that, tests fall back to the host's
-//! namespace, serialised by a lock, and say so loudly.
+//! Every test runs in its own network namespace ([`private_net`], from the test kit:
+//! `unshare(CLONE_NEWNET)` moves only the calling thread), so tests can all use
+//! 127.0.0.1:4791 at once and do not collide with other programs on the host. Without the
+//! privilege to do that, tests fall back to the host's namespace, serialised by a lock, and
+//! say so loudly (in CI that is a failure).
 
 #![allow(dead_code)]
 
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::ops::Range;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+pub(crate) use roce_testkit::netns::private_net;
 use roce_transport::datapath::udp::{UdpDatapath, UdpOptions};
 use roce_transport::datapath::{Datapath, RxMeta, TxDatagram};
 
 /// How long any test loop may wait for packets.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(2);
-
-static HOST_NAMESPACE: Mutex<()> = Mutex::new(());
-
-/// Where the current test's sockets live.
-#[derive(Debug)]
-pub(crate) enum Net {
-    /// A fresh namespace with only `lo` (up); nothing else is in it.
-    Private,
-    /// The host's namespace (no privilege for a private one); holds the lock.
-    Host(MutexGuard<'static, ()>),
-}
-
-impl Net {
-    /// Whether the namespace is private to this test.
-    pub(crate) fn is_private(&self) -> bool {
-        matches!(self, Self::Private)
-    }
-}
-
-/// Moves this test's thread into a new network namespace with `lo` up.
-pub(crate) fn private_net() -> Net {
-    #[allow(unsafe_code)]
-    // SAFETY: unshare takes no pointers; CLONE_NEWNET moves only the calling thread.
-    let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-    let err = if r == 0 {
-        match set_up("lo") {
-            Ok(()) => return Net::Private,
-            Err(e) => e,
-        }
-    } else {
-        io::Error::last_os_error()
-    };
-    eprintln!(
-        "!!! cannot use a private network namespace ({err}); running in the host's namespace, \
-         where another program on 127.0.0.x:4791 will make this test fail"
-    );
-    Net::Host(HOST_NAMESPACE.lock().unwrap_or_else(|e| e.into_inner()))
-}
-
-/// Brings interface `name` up (`SIOCSIFFLAGS`) in this thread's namespace.
-pub(crate) fn set_up(name: &str) -> io::Result<()> {
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
-    #[allow(unsafe_code)]
-    // SAFETY: ifreq is plain C data; all zeroes is valid.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, &s) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
-        *d = s as libc::c_char;
-    }
-    #[allow(unsafe_code)]
-    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read the NUL-terminated name and read/write the
-    // `ifru_flags` member of the live `req`.
-    unsafe {
-        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req as *mut libc::ifreq) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-        if libc::ioctl(fd, libc::SIOCSIFFLAGS, &mut req as *mut libc::ifreq) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
 
 /// Binds a datapath or panics with the error's message.
 pub(crate) fn bind(addr: &str, opts: UdpOptions) -> UdpDatapath {

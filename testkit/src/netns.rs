@@ -1,29 +1,31 @@
 //! Network namespaces and veth pairs for integration tests and benchmarks.
 //!
-//! [`NetnsPair::create`] makes two fresh network namespaces joined by a veth pair, with IPv4
-//! and IPv6 addresses, links up and an MTU of your choice. Each side can lose a percentage of
-//! its RoCE datagrams ([`NetnsPair::set_loss`], nftables). Dropping the pair deletes both
-//! namespaces, which deletes the veth pair with them.
+//! - [`NetnsPair::create`] makes two fresh network namespaces joined by a veth pair, with IPv4
+//!   and IPv6 addresses, links up and an MTU of your choice. Each side can lose a percentage of
+//!   its RoCE datagrams ([`NetnsPair::set_loss`], nftables). Dropping the pair deletes both
+//!   namespaces, which deletes the veth pair with them.
+//! - [`TempNetns::create`] makes one namespace with only `lo` (up, with 127.0.0.1 and
+//!   127.0.0.2), for tests that run whole programs on loopback without sharing the host's
+//!   ports.
+//! - [`private_net`] moves the calling thread (only) into a fresh namespace with `lo` up.
 //!
-//! # Putting a device in a namespace
+//! # Putting a socket in a namespace
 //!
 //! A socket belongs to the namespace of the thread that created it, for its whole life, and
-//! keeps working there when other threads use it. So to put a backend (or a whole
-//! [`Device`](crate::Device)) in a namespace, *open* it inside [`Netns::enter_scoped`] and use
-//! it from anywhere:
+//! keeps working there when other threads use it. So to put a socket (or a whole device) in a
+//! namespace, *open* it inside [`Netns::enter_scoped`] and use it from anywhere:
 //!
 //! ```no_run
-//! use roce_transport::datapath::raw::{RawDatapath, RawOptions};
-//! use roce_transport::netns::NetnsPair;
+//! use roce_testkit::netns::NetnsPair;
 //!
 //! let pair = NetnsPair::create("doc").unwrap();
 //! let a = pair.a();
-//! let raw = a
+//! let sock = a
 //!     .netns()
-//!     .enter_scoped(|| RawDatapath::open(a.ifname(), a.ipv4().into(), RawOptions::default()))
+//!     .enter_scoped(|| std::net::UdpSocket::bind((a.ipv4(), 4_791)))
 //!     .unwrap() // entering the namespace
-//!     .unwrap(); // opening the backend
-//! # drop(raw);
+//!     .unwrap(); // binding
+//! # drop(sock);
 //! ```
 //!
 //! Child processes inherit the namespace of the thread that spawns them, so a `Command`
@@ -31,7 +33,7 @@
 //!
 //! Everything here needs root (`CAP_SYS_ADMIN` and `CAP_NET_ADMIN`) and the `ip` command
 //! (iproute2); loss needs `nft` (nftables). [`netns_available`] says whether the host can do
-//! it, and why not; [`netns_or_skip`] is the policy integration tests use.
+//! it, and why not; [`netns_or_skip`] applies the crate's [skip policy](crate#the-skip-policy).
 //!
 //! Every command runs with a time limit ([`COMMAND_TIMEOUT`]); a failure is an
 //! [`io::Error`] whose message holds the command line and its standard error.
@@ -40,12 +42,15 @@ use std::fmt;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{mpsc, OnceLock};
+use std::sync::{mpsc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
+
+use nix::sched::{setns, unshare, CloneFlags};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 
 /// The longest any one external command (`ip`, `nft`) may run before it is killed.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -153,14 +158,25 @@ where
 
 /// Moves the calling thread into the network namespace `file` refers to.
 fn enter(file: &File) -> io::Result<()> {
-    #[allow(unsafe_code)]
-    // SAFETY: setns takes a descriptor we keep open for the duration of the call and a flag;
-    // it changes only the calling thread's network namespace.
-    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    setns(file, CloneFlags::CLONE_NEWNET).map_err(io::Error::from)
+}
+
+/// Moves the calling thread (only; `setns(2)` affects one thread) into the named namespace
+/// `name` for the rest of its life. Sockets the thread creates afterwards belong to that
+/// namespace, wherever they are used later. Prefer [`run_in`], which confines the move to a
+/// scoped thread; this is for threads that live in one namespace throughout.
+///
+/// # Errors
+/// The namespace does not exist, or `setns` is not permitted.
+pub fn enter_named(name: &str) -> io::Result<()> {
+    let path = Path::new(NETNS_DIR).join(name);
+    let file = File::open(&path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("network namespace {name:?} ({}): {e}", path.display()),
+        )
+    })?;
+    enter(&file).map_err(|e| io::Error::new(e.kind(), format!("setns into {name:?}: {e}")))
 }
 
 /// One side of a [`NetnsPair`]: its namespace, veth interface and addresses.
@@ -228,7 +244,7 @@ pub struct NetnsPair {
     mtu: u32,
 }
 
-/// Distinguishes pairs created by one process with the same tag.
+/// Distinguishes namespaces created by one process with the same tag.
 static PAIR_COUNTER: AtomicU32 = AtomicU32::new(0);
 
 impl NetnsPair {
@@ -246,16 +262,8 @@ impl NetnsPair {
     /// Any `ip` command failing; a half-made pair is deleted again.
     pub fn create_with_mtu(tag: &str, mtu: u32) -> io::Result<Self> {
         remove_stale();
-        let tag: String = tag
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-            .take(24)
-            .collect();
-        let pid = std::process::id();
-        let n = PAIR_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let h = fnv1a(format!("{tag}/{pid}/{n}").as_bytes());
+        let (base, h) = unique_base(tag);
         let (x, y) = ((h >> 8) as u8, h as u8);
-        let base = format!("roce-{tag}-{pid}-{n}");
         let end = |side: u8, host: u8| NetnsEnd {
             netns: Netns::named(format!("{base}-{}", char::from(side))),
             ifname: format!("veth-{}", char::from(side)),
@@ -275,7 +283,7 @@ impl NetnsPair {
 
     fn setup(&self) -> io::Result<()> {
         for e in [&self.a, &self.b] {
-            ip(&["netns", "add", e.ns_name()])?;
+            add_ns(e.ns_name())?;
         }
         let mac = |e: &NetnsEnd| format_mac(&e.mac);
         let (mac_a, mac_b) = (mac(&self.a), mac(&self.b));
@@ -427,13 +435,199 @@ impl NetnsPair {
 impl Drop for NetnsPair {
     fn drop(&mut self) {
         for e in [&self.a, &self.b] {
-            if e.netns.path().exists() {
-                if let Err(err) = ip(&["netns", "delete", e.ns_name()]) {
-                    eprintln!("netns: cannot delete {}: {err}", e.ns_name());
-                }
-            }
+            delete_ns(e.ns_name());
         }
     }
+}
+
+/// One network namespace with only `lo`, up, holding 127.0.0.1/8 and 127.0.0.2/8 (two
+/// endpoints on distinct loopback addresses); deleted on drop. Named `roce-<tag>-<pid>-<n>-s`.
+///
+/// Programs run in it with [`TempNetns::command`]; tests that each make one run in parallel
+/// without sharing any port, and touch nothing of the host's.
+#[derive(Debug)]
+pub struct TempNetns {
+    netns: Netns,
+}
+
+impl TempNetns {
+    /// Creates the namespace and sets up `lo`.
+    ///
+    /// # Errors
+    /// Any `ip` command failing (see [`netns_available`] for the usual reasons); a half-made
+    /// namespace is deleted again.
+    pub fn create(tag: &str) -> io::Result<Self> {
+        remove_stale();
+        let (base, _) = unique_base(tag);
+        let ns = Self {
+            netns: Netns::named(format!("{base}-s")),
+        };
+        add_ns(ns.netns.name())?;
+        let name = ns.netns.name();
+        ip(&["-n", name, "link", "set", "dev", "lo", "up"])?;
+        ip(&["-n", name, "addr", "add", "127.0.0.2/8", "dev", "lo"])?;
+        Ok(ns)
+    }
+
+    /// The namespace.
+    pub fn netns(&self) -> &Netns {
+        &self.netns
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        self.netns.name()
+    }
+
+    /// A command that runs `program` inside the namespace (`ip netns exec NAME program`,
+    /// which enters the namespace and then executes `program` in the same process).
+    pub fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", self.name(), program]);
+        cmd
+    }
+}
+
+impl Drop for TempNetns {
+    fn drop(&mut self) {
+        delete_ns(self.netns.name());
+    }
+}
+
+/// Brings interface `name` up (`SIOCSIFFLAGS`) in the calling thread's namespace.
+///
+/// An ioctl in this thread rather than `ip link set lo up` in a child: with children spawned
+/// from many test threads at once, the UDP loopback tests failed now and then with
+/// `EADDRINUSE` on their first bind in a namespace that was provably fresh (a distinct
+/// `/proc/thread-self/ns/net`); the in-thread ioctl, which they always used, never did.
+fn set_up(name: &str) -> io::Result<()> {
+    let sock = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
+    #[allow(unsafe_code)]
+    // SAFETY: ifreq is plain C data; all zeroes is valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, &s) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
+        *d = s as libc::c_char;
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read the NUL-terminated name (the zeroed array is
+    // longer than `name`) and read/write the `ifru_flags` member of the live `req`.
+    unsafe {
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req as *mut libc::ifreq) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        if libc::ioctl(fd, libc::SIOCSIFFLAGS, &mut req as *mut libc::ifreq) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Namespaces this process created and has not deleted yet (for [`delete_created`]).
+static LIVE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn live() -> MutexGuard<'static, Vec<String>> {
+    LIVE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `roce-<tag>-<pid>-<n>` (the tag reduced to at most 24 ASCII alphanumerics and `_`), unique
+/// per process, tag and call, and a hash of it to derive addresses from.
+fn unique_base(tag: &str) -> (String, u32) {
+    let tag: String = tag
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .take(24)
+        .collect();
+    let pid = std::process::id();
+    let n = PAIR_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let h = fnv1a(format!("{tag}/{pid}/{n}").as_bytes());
+    (format!("roce-{tag}-{pid}-{n}"), h)
+}
+
+/// `ip netns add name`, registered first so that [`delete_created`] also finds a namespace
+/// whose creation was interrupted.
+fn add_ns(name: &str) -> io::Result<()> {
+    live().push(name.to_owned());
+    ip(&["netns", "add", name]).map(drop)
+}
+
+/// Deletes the namespace if it exists (which deletes its veth end, and with it the peer);
+/// reports a failure on standard error.
+fn delete_ns(name: &str) {
+    if Netns::named(name).path().exists() {
+        if let Err(err) = ip(&["netns", "delete", name]) {
+            eprintln!("netns: cannot delete {name}: {err}");
+        }
+    }
+    live().retain(|n| n != name);
+}
+
+/// Deletes every namespace this process created and has not deleted yet, and returns their
+/// names. For a handler of SIGINT/SIGTERM that is about to exit without unwinding (the
+/// benchmarks'), so that an interrupted run leaves nothing behind; namespaces left by a
+/// killed process are removed by the next process that creates one.
+pub fn delete_created() -> Vec<String> {
+    let names = live().clone();
+    for n in &names {
+        delete_ns(n);
+    }
+    names
+}
+
+/// Where the calling test thread's sockets live (see [`private_net`]).
+#[derive(Debug)]
+pub enum Net {
+    /// A fresh namespace with only `lo` (up); nothing else is in it.
+    Private,
+    /// The host's namespace (no privilege for a private one); holds a lock that serialises
+    /// all tests of this process that fell back to it.
+    Host(MutexGuard<'static, ()>),
+}
+
+impl Net {
+    /// Whether the namespace is private to this thread.
+    pub fn is_private(&self) -> bool {
+        matches!(self, Self::Private)
+    }
+}
+
+/// Moves the calling thread (only: `unshare(CLONE_NEWNET)` affects one thread) into a new
+/// network namespace with `lo` up, so tests can all use 127.0.0.1:4791 at once and do not
+/// collide with other programs on the host. The thread stays there until it ends.
+///
+/// Without the privilege the test still runs, in the host's namespace, serialised with the
+/// other tests that fell back ([`Net::Host`]), after a loud message saying that another
+/// program on 127.0.0.x:4791 would make it fail.
+///
+/// # Panics
+/// In CI (`CI` set), when a private namespace cannot be made: CI runs as root.
+#[track_caller]
+pub fn private_net() -> Net {
+    static HOST_NAMESPACE: Mutex<()> = Mutex::new(());
+    let err = match unshare(CloneFlags::CLONE_NEWNET) {
+        // `ip` inherits the namespace of the thread that spawns it.
+        Ok(()) => match set_up("lo") {
+            Ok(()) => return Net::Private,
+            Err(e) => e,
+        },
+        Err(e) => io::Error::from(e),
+    };
+    let test = crate::current_test();
+    assert!(
+        !crate::in_ci(),
+        "{test}: cannot use a private network namespace ({err}), and CI is set"
+    );
+    crate::skip::loud(&format!(
+        "!!! {test}: cannot use a private network namespace ({err}); running in the host's \
+         namespace, where another program on 127.0.0.x:4791 will make this test fail\n"
+    ));
+    Net::Host(
+        HOST_NAMESPACE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    )
 }
 
 /// Runs an nftables script inside `ns`.
@@ -462,12 +656,12 @@ fn remove_stale() {
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            // roce-<tag>-<pid>-<n>-<a|b>, with no '-' inside the tag.
+            // roce-<tag>-<pid>-<n>-<a|b|s>, with no '-' inside the tag.
             let parts: Vec<&str> = name.split('-').collect();
             let ["roce", _, pid, n, side] = parts.as_slice() else {
                 continue;
             };
-            let ours = n.parse::<u32>().is_ok() && (*side == "a" || *side == "b");
+            let ours = n.parse::<u32>().is_ok() && matches!(*side, "a" | "b" | "s");
             let Ok(pid) = pid.parse::<u32>() else {
                 continue;
             };
@@ -526,11 +720,10 @@ fn run_command(program: &str, args: &[&str], stdin: Option<&str>) -> io::Result<
     let Ok(result) = rx.recv_timeout(COMMAND_TIMEOUT) else {
         // The child has not been reaped (the waiter still waits for it), so `pid` is still
         // our child: killing it cannot hit another process.
-        #[allow(unsafe_code)]
-        // SAFETY: kill takes no pointers; `pid` is our unreaped child.
-        unsafe {
-            libc::kill(pid as libc::pid_t, libc::SIGKILL);
-        }
+        let _ = kill(
+            Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX)),
+            Signal::SIGKILL,
+        );
         let _ = waiter.join();
         return Err(io::Error::new(
             io::ErrorKind::TimedOut,
@@ -572,6 +765,12 @@ impl NetnsUnavailable {
     pub fn kernel_lacks_support(&self) -> bool {
         matches!(self, Self::KernelLacksNetns(_) | Self::KernelLacksVeth(_))
     }
+
+    /// Whether the process lacks the privilege (not root, or root in a container without
+    /// `CAP_SYS_ADMIN`), as opposed to a missing tool.
+    pub fn lacks_privilege(&self) -> bool {
+        matches!(self, Self::NotRoot | Self::NotPermitted(_))
+    }
 }
 
 impl fmt::Display for NetnsUnavailable {
@@ -612,10 +811,7 @@ pub fn netns_available() -> Result<(), NetnsUnavailable> {
 }
 
 fn probe() -> Result<(), NetnsUnavailable> {
-    #[allow(unsafe_code)]
-    // SAFETY: geteuid takes no arguments and cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    if euid != 0 {
+    if !crate::is_root() {
         return Err(NetnsUnavailable::NotRoot);
     }
     run_command("ip", &["-V"], None).map_err(|e| NetnsUnavailable::NoIpCommand(e.to_string()))?;
@@ -623,13 +819,9 @@ fn probe() -> Result<(), NetnsUnavailable> {
     // namespace (with the probe's veth) disappears when both exit.
     std::thread::scope(|s| {
         s.spawn(|| {
-            #[allow(unsafe_code)]
-            // SAFETY: unshare takes a flag and affects only the calling thread's namespace.
-            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-            if rc != 0 {
-                let e = io::Error::last_os_error();
-                return Err(match e.raw_os_error() {
-                    Some(libc::EINVAL) => NetnsUnavailable::KernelLacksNetns(e.to_string()),
+            if let Err(e) = unshare(CloneFlags::CLONE_NEWNET) {
+                return Err(match e {
+                    nix::errno::Errno::EINVAL => NetnsUnavailable::KernelLacksNetns(e.to_string()),
                     _ => NetnsUnavailable::NotPermitted(e.to_string()),
                 });
             }
@@ -649,20 +841,21 @@ fn probe() -> Result<(), NetnsUnavailable> {
     })
 }
 
-/// The policy integration tests follow: `true` when namespaces work; `false`, after a loud
-/// message on standard error, when the kernel lacks them (the only acceptable reason to skip).
+/// The [skip policy](crate#the-skip-policy) for tests that need namespaces: `true` when
+/// namespaces work here; otherwise `false` after [`skip`](crate::skip) printed why, when the
+/// reason is a missing privilege ([`NetnsUnavailable::lacks_privilege`]) or a kernel without
+/// the feature ([`NetnsUnavailable::kernel_lacks_support`]).
 ///
 /// # Panics
-/// When the environment could run the test but is set up wrong (not root, no `ip`, no
-/// permission): that must fail the test, not skip it.
+/// - In CI (`CI` set) whenever namespaces do not work: CI runs as root on a full kernel.
+/// - Everywhere when the environment could run the test but is set up wrong (root, but no
+///   `ip` command): that must fail the test, not skip it.
+#[track_caller]
 pub fn netns_or_skip(test: &str) -> bool {
     match netns_available() {
         Ok(()) => true,
-        Err(why) if why.kernel_lacks_support() => {
-            eprintln!();
-            eprintln!("**************************************************************");
-            eprintln!("SKIPPED {test}: {why}");
-            eprintln!("**************************************************************");
+        Err(why) if why.lacks_privilege() || why.kernel_lacks_support() => {
+            crate::skip(test, why);
             false
         }
         Err(why) => panic!("{test} cannot run: {why}"),
@@ -695,5 +888,9 @@ mod tests {
         assert!(NetnsUnavailable::KernelLacksVeth(String::new()).kernel_lacks_support());
         assert!(!NetnsUnavailable::NotRoot.kernel_lacks_support());
         assert!(!NetnsUnavailable::NotPermitted(String::new()).kernel_lacks_support());
+        assert!(NetnsUnavailable::NotRoot.lacks_privilege());
+        assert!(NetnsUnavailable::NotPermitted(String::new()).lacks_privilege());
+        assert!(!NetnsUnavailable::NoIpCommand(String::new()).lacks_privilege());
+        assert!(!NetnsUnavailable::KernelLacksVeth(String::new()).lacks_privilege());
     }
 }

@@ -1,0 +1,155 @@
+//! How to open a device: the backend, who drives the engine, capture and seed.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use roce_qp::verbs::Mtu;
+
+use crate::capture::CaptureFile;
+use crate::clock::Clock;
+use crate::datapath::sim::SimNetwork;
+use crate::datapath::Datapath;
+
+/// Which datapath a device uses.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Backend {
+    /// Kernel UDP sockets bound to `local`:`port` (4791 for interoperability). No privileges.
+    Udp {
+        /// Local IP address (IPv4 or IPv6) the socket binds to.
+        local: IpAddr,
+        /// UDP port (4791 unless testing).
+        port: u16,
+    },
+    /// Whole Ethernet frames on an interface (`AF_PACKET`); needs `CAP_NET_RAW`.
+    Raw {
+        /// Interface name.
+        ifname: String,
+        /// Our IP address on it.
+        local: IpAddr,
+    },
+    /// A port on an in-memory network.
+    Sim {
+        /// The network.
+        net: SimNetwork,
+        /// Our address on it.
+        local: IpAddr,
+    },
+    /// Any other [`Datapath`].
+    Custom(Box<dyn Datapath>),
+}
+
+/// Who drives the engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Progress {
+    /// A thread per device receives, fires timers and sends; posts send at once from the
+    /// caller's thread. CQ polls that find nothing also make progress themselves.
+    #[default]
+    Thread,
+    /// The application drives: [`crate::Device::progress`] and [`crate::Device::progress_wait`], or CQ
+    /// polls (a collective library polling its CQs needs nothing else).
+    Manual,
+}
+
+/// How to open a device.
+#[derive(Debug)]
+pub struct DeviceConfig {
+    /// The datapath.
+    pub backend: Backend,
+    /// Device name (`ibv_devinfo`'s `hca_id`).
+    pub name: String,
+    /// Active path MTU; default: the largest the interface MTU allows (as rxe), at most 4096.
+    pub mtu: Option<Mtu>,
+    /// Who drives the engine.
+    pub progress: Progress,
+    /// Write every frame sent and received to this pcap file. Without it the environment
+    /// variable `ROCECTL_PCAP` is used; `{dev}` in either is replaced by the device name.
+    pub pcap: Option<PathBuf>,
+    /// A capture file shared with other devices (one pcap of several devices' traffic);
+    /// takes precedence over `pcap`.
+    pub capture: Option<CaptureFile>,
+    /// Seed for memory keys and initial PSNs.
+    pub seed: u64,
+    /// Memory-region table capacity.
+    pub max_mr: u32,
+    /// The clock the engine reads. Default: the `sim` network's clock on a `sim` backend, the
+    /// system clock otherwise. With a [`crate::clock::VirtualClock`] and
+    /// [`Progress::Manual`], a scenario on the `sim` backend replays exactly from its seeds.
+    pub clock: Option<Arc<dyn Clock>>,
+}
+
+impl DeviceConfig {
+    /// A device on `backend` with defaults.
+    pub fn new(backend: Backend) -> Self {
+        Self {
+            backend,
+            name: "rocectl0".into(),
+            mtu: None,
+            progress: Progress::Thread,
+            pcap: None,
+            capture: None,
+            seed: 0x5EED_0000_0001,
+            max_mr: 1 << 16,
+            clock: None,
+        }
+    }
+
+    /// A `udp` device on `local`:4791.
+    pub fn udp(local: IpAddr) -> Self {
+        Self::new(Backend::Udp {
+            local,
+            port: roce_wire::frame::ROCEV2_PORT,
+        })
+    }
+
+    /// A `sim` device with address `local` on `net`.
+    pub fn sim(net: &SimNetwork, local: IpAddr) -> Self {
+        Self::new(Backend::Sim {
+            net: net.clone(),
+            local,
+        })
+    }
+
+    /// Sets the name.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Sets the active path MTU.
+    pub fn mtu(mut self, mtu: Mtu) -> Self {
+        self.mtu = Some(mtu);
+        self
+    }
+
+    /// Sets who drives the engine.
+    pub fn progress(mut self, progress: Progress) -> Self {
+        self.progress = progress;
+        self
+    }
+
+    /// Captures to a pcap file.
+    pub fn pcap(mut self, path: impl Into<PathBuf>) -> Self {
+        self.pcap = Some(path.into());
+        self
+    }
+
+    /// Captures into a file shared with other devices.
+    pub fn capture(mut self, capture: &CaptureFile) -> Self {
+        self.capture = Some(capture.clone());
+        self
+    }
+
+    /// Sets the clock.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Sets the seed.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+}

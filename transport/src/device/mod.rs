@@ -1,0 +1,382 @@
+//! Devices: open a backend, run the engine, query attributes.
+//!
+//! - `config`: how to open a device ([`DeviceConfig`], [`Backend`], [`Progress`]);
+//! - `attr`: what a device and its port report;
+//! - `thread`: who drives the engine, the lock order and the doorbell's wake protocol (read
+//!   its module doc before changing anything that takes a lock).
+
+mod attr;
+mod config;
+mod thread;
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use roce_mr::MrTable;
+use roce_qp::verbs::Mtu;
+use roce_wire::Gid;
+
+pub use attr::{DeviceAttr, PortAttr, PortState};
+pub use config::{Backend, DeviceConfig, Progress};
+
+use crate::capture::CaptureFile;
+use crate::clock;
+use crate::counters::{Counters, DeviceCounters};
+use crate::cq::AsyncEvent;
+use crate::datapath::Datapath;
+use crate::engine::Engine;
+use crate::error::OpenError;
+use crate::netdev::NetDevice;
+use crate::sys::lock;
+use thread::{run_thread, DATAPATH, WAKER};
+
+pub(crate) struct DeviceShared {
+    pub(crate) name: String,
+    pub(crate) table: Arc<MrTable>,
+    engine: Mutex<Engine>,
+    waker: Option<mio::Waker>,
+    stop: AtomicBool,
+    pub(crate) progress: Progress,
+    pub(crate) mtu: Mtu,
+    pub(crate) max_mtu: Mtu,
+    pub(crate) gids: Vec<Gid>,
+    pub(crate) mac: [u8; 6],
+    netdev: Option<String>,
+    next_qpn: AtomicU32,
+    next_iova: AtomicU64,
+    pub(crate) seed: u64,
+    psn_counter: AtomicU64,
+    backend: &'static str,
+    local: SocketAddr,
+    ip_mtu: usize,
+    /// When the progress thread plans to wake (ns on the engine clock; 0: not sleeping).
+    sleep_until: AtomicU64,
+}
+
+impl std::fmt::Debug for DeviceShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("name", &self.name)
+            .field("backend", &self.backend)
+            .field("local", &self.local)
+            .field("mtu", &self.mtu)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+struct DeviceHandle {
+    shared: Arc<DeviceShared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for DeviceHandle {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.wake();
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+        {
+            // Send what application-driven progress deferred (a final ACK).
+            let mut e = lock(&self.shared.engine);
+            if e.tx_waiting() {
+                e.kick();
+            }
+        }
+        if let Some(c) = &lock(&self.shared.engine).capture {
+            let _ = lock(&c.0).flush();
+        }
+    }
+}
+
+/// An open RDMA device (`ibv_context`). Cheap to clone; the device closes when the last
+/// clone and the last object made from it are gone. `Send + Sync`.
+#[derive(Clone, Debug)]
+pub struct Device {
+    handle: Arc<DeviceHandle>,
+}
+
+impl Device {
+    /// Opens a device.
+    ///
+    /// # Errors
+    /// [`OpenError`]: the backend could not start (address in use, no such interface, no
+    /// `CAP_NET_RAW`...), the MTU does not fit the interface, or the capture file cannot be
+    /// created.
+    pub fn open(config: DeviceConfig) -> Result<Self, OpenError> {
+        let clock = match (&config.clock, &config.backend) {
+            (Some(c), _) => c.clone(),
+            // A device on a simulated network runs on the network's clock.
+            (None, Backend::Sim { net, .. }) => net.clock().clone(),
+            (None, _) => clock::system(),
+        };
+        let dp = open_backend(config.backend)?;
+        let caps = dp.caps();
+        let local = dp.local_addr();
+        let max_mtu = Mtu::for_netdev_mtu(caps.ip_mtu.min(4096 + 80)).ok_or(
+            OpenError::InterfaceMtuTooSmall {
+                ip_mtu: caps.ip_mtu,
+            },
+        )?;
+        let mtu = config.mtu.unwrap_or(max_mtu);
+        if mtu > max_mtu {
+            return Err(OpenError::MtuTooLarge {
+                requested: mtu.bytes(),
+                ip_mtu: caps.ip_mtu,
+                max: max_mtu.bytes(),
+            });
+        }
+        let backend = dp.name();
+        // The GID table mirrors what rxe builds for the interface that owns our address.
+        let netdev: Option<NetDevice> = match backend {
+            "udp" | "raw" => crate::netdev::interface_for_addr(local.ip()).ok(),
+            _ => None,
+        };
+        let mac = netdev
+            .as_ref()
+            .and_then(|n| n.mac)
+            .unwrap_or_else(|| crate::endpoint::mac_for(local.ip()));
+        let gids: Vec<Gid> = match &netdev {
+            Some(n) => n.gid_table().into_iter().map(|e| e.gid).collect(),
+            None => vec![Gid::link_local_from_mac(mac), Gid::from_ip(local.ip())],
+        };
+        let mut engine = Engine::new(dp, max_mtu.bytes(), mac, clock);
+        let capture = match (
+            config.capture,
+            config.pcap,
+            std::env::var_os("ROCECTL_PCAP"),
+        ) {
+            (Some(c), _, _) => Some(c),
+            (None, Some(p), _) => Some(open_capture(&p, &config.name)?),
+            (None, None, Some(p)) if !p.is_empty() => {
+                Some(open_capture(&PathBuf::from(p), &config.name)?)
+            }
+            _ => None,
+        };
+        engine.capture = capture;
+        let poll = match config.progress {
+            Progress::Thread => Some(mio::Poll::new().map_err(OpenError::Io)?),
+            Progress::Manual => None,
+        };
+        let waker = match &poll {
+            Some(p) => Some(mio::Waker::new(p.registry(), WAKER).map_err(OpenError::Io)?),
+            None => None,
+        };
+        let fd = engine.datapath().readiness_fd();
+        let shared = Arc::new(DeviceShared {
+            name: config.name,
+            table: Arc::new(MrTable::new(config.max_mr, config.seed)),
+            engine: Mutex::new(engine),
+            waker,
+            stop: AtomicBool::new(false),
+            progress: config.progress,
+            mtu,
+            max_mtu,
+            gids,
+            mac,
+            netdev: netdev.map(|n| n.name),
+            next_qpn: AtomicU32::new(0x11),
+            next_iova: AtomicU64::new(0x7F00_0000_0000),
+            seed: config.seed,
+            psn_counter: AtomicU64::new(0),
+            backend,
+            local,
+            ip_mtu: caps.ip_mtu,
+            sleep_until: AtomicU64::new(0),
+        });
+        let thread = match poll {
+            Some(poll) => {
+                if let Some(fd) = fd {
+                    poll.registry()
+                        .register(
+                            &mut mio::unix::SourceFd(&fd),
+                            DATAPATH,
+                            mio::Interest::READABLE,
+                        )
+                        .map_err(OpenError::Io)?;
+                }
+                let s = shared.clone();
+                Some(
+                    std::thread::Builder::new()
+                        .name(format!("{}-engine", s.name))
+                        .spawn(move || run_thread(&s, poll, fd.is_some()))
+                        .map_err(OpenError::Io)?,
+                )
+            }
+            None => None,
+        };
+        Ok(Self {
+            handle: Arc::new(DeviceHandle {
+                shared,
+                thread: Mutex::new(thread),
+            }),
+        })
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<DeviceShared> {
+        &self.handle.shared
+    }
+
+    /// The device name.
+    pub fn name(&self) -> &str {
+        &self.shared().name
+    }
+
+    /// Local IP address and UDP port.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared().local
+    }
+
+    /// Device and QP counters, summed.
+    pub fn counters(&self) -> Counters {
+        let e = self.lock_engine();
+        let live: Vec<_> = e.ep.qps.values().map(|s| s.qp.stats()).collect();
+        Counters::collect(&e.ep.counters, live.iter().chain(e.ep.retired.iter()))
+    }
+
+    /// Device-level counters only.
+    pub fn device_counters(&self) -> DeviceCounters {
+        self.lock_engine().ep.counters
+    }
+
+    /// The last error the engine met that no call returned (a send to an unreachable
+    /// network, a QP that entered the error state, a capture write failure), if any.
+    pub fn last_error(&self) -> Option<String> {
+        let e = self.lock_engine();
+        e.ep.last_error
+            .clone()
+            .or_else(|| e.capture.as_ref().and_then(|c| lock(&c.0).error.clone()))
+    }
+
+    /// The next asynchronous event (`ibv_get_async_event`), if any.
+    pub fn poll_async_event(&self) -> Option<AsyncEvent> {
+        let mut e = self.lock_engine();
+        if e.ep.events.is_empty() {
+            None
+        } else {
+            Some(e.ep.events.remove(0))
+        }
+    }
+
+    /// One non-blocking pass of the engine: receive what is waiting, fire due timers, send,
+    /// move completions to their CQs. Returns whether anything was received or sent.
+    pub fn progress(&self) -> bool {
+        let defer = self.shared().progress == Progress::Manual;
+        let r = self.lock_engine().progress(defer);
+        r.received > 0 || r.sent > 0
+    }
+
+    /// The next time the device needs a progress pass without new input (a QP timer, a
+    /// delayed packet of a fault injector), on its [`crate::clock::Clock`]; `None` when
+    /// nothing is pending. For [`Progress::Manual`] devices driven on a virtual clock.
+    pub fn poll_timeout(&self) -> Option<clock::Instant> {
+        self.lock_engine().next_deadline()
+    }
+
+    /// Waits up to `timeout` for packets or a timer (whichever first), then makes progress.
+    /// For [`Progress::Manual`] devices; harmless on others.
+    pub fn progress_wait(&self, timeout: Duration) -> bool {
+        let defer = self.shared().progress == Progress::Manual;
+        let (fd, deadline) = {
+            let mut e = self.lock_engine();
+            let r = e.progress(defer);
+            if r.received > 0 {
+                return true;
+            }
+            // Nothing arrived: send what this or an earlier pass deferred before sleeping.
+            if e.tx_waiting() {
+                e.kick();
+            }
+            let deadline = e.next_deadline().map(|d| clock::until(e.now(), d));
+            (e.datapath().readiness_fd(), deadline)
+        };
+        let mut wait = timeout;
+        if let Some(d) = deadline {
+            wait = wait.min(d);
+        }
+        match fd {
+            Some(fd) => {
+                crate::sys::wait_readable(fd, wait);
+            }
+            None => std::thread::sleep(wait.min(Duration::from_millis(1))),
+        }
+        self.progress()
+    }
+
+    /// Flushes the capture file, if any.
+    ///
+    /// # Errors
+    /// The capture's write error.
+    pub fn flush_capture(&self) -> io::Result<()> {
+        let e = self.lock_engine();
+        match &e.capture {
+            Some(c) => CaptureFile(c.0.clone()).flush(),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn lock_engine(&self) -> MutexGuard<'_, Engine> {
+        lock(&self.shared().engine)
+    }
+
+    /// Progress if nobody else is making it right now (CQ polls that found nothing).
+    pub(crate) fn try_progress(&self) {
+        let defer = self.shared().progress == Progress::Manual;
+        if let Ok(mut e) = self.shared().engine.try_lock() {
+            e.progress(defer);
+        }
+    }
+
+    /// A fresh QPN.
+    pub(crate) fn alloc_qpn(&self) -> u32 {
+        let n = self.shared().next_qpn.fetch_add(1, Ordering::Relaxed);
+        // Skip 0 and 1 (SMI/GSI) after a wrap.
+        0x11 + (n - 0x11) % (0x00FF_FFFF - 0x11)
+    }
+
+    /// A fresh, 4 KiB-aligned IOVA range for `len` bytes.
+    pub(crate) fn alloc_iova(&self, len: usize) -> u64 {
+        let span = ((len as u64).max(1) + 0xFFF) & !0xFFF;
+        self.shared()
+            .next_iova
+            .fetch_add(span + 0x1000, Ordering::Relaxed)
+    }
+
+    /// A pseudo-random initial PSN (24 bits), from the seed.
+    pub fn random_psn(&self) -> u32 {
+        let n = self.shared().psn_counter.fetch_add(1, Ordering::Relaxed);
+        let mut x = self.shared().seed ^ (n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        x ^= x >> 31;
+        x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x ^= x >> 29;
+        (x as u32) & 0x00FF_FFFF
+    }
+}
+
+fn open_capture(path: &std::path::Path, dev: &str) -> Result<CaptureFile, OpenError> {
+    let text = path.to_string_lossy().replace("{dev}", dev);
+    CaptureFile::create(&text).map_err(|e| OpenError::Capture {
+        path: text,
+        source: e,
+    })
+}
+
+fn open_backend(backend: Backend) -> Result<Box<dyn Datapath>, OpenError> {
+    match backend {
+        Backend::Sim { net, local } => Ok(Box::new(net.open(local).map_err(|e| {
+            OpenError::AddrInUse {
+                addr: SocketAddr::new(local, roce_wire::frame::ROCEV2_PORT),
+                detail: e.to_string(),
+            }
+        })?)),
+        Backend::Custom(dp) => Ok(dp),
+        Backend::Udp { local, port } => crate::datapath::open::udp(local, port),
+        Backend::Raw { ifname, local } => crate::datapath::open::raw(&ifname, local),
+    }
+}

@@ -1,0 +1,124 @@
+//! Who drives the engine, and how the threads and locks of a device fit together.
+//!
+//! # Threads
+//!
+//! - **Application threads** call the verbs. A post locks the engine, queues the WR, and rings
+//!   the doorbell ([`Device::doorbell`]): the packets leave from the caller's thread before the
+//!   call returns. A CQ poll that finds nothing makes progress itself if the engine lock is
+//!   free (`try_lock`), so a busy-polling application needs no other thread.
+//! - **The engine thread** (one per device, [`crate::Progress::Thread`]) loops in
+//!   [`run_thread`]: one progress pass under the engine lock, then a `mio` poll on the
+//!   datapath's readiness descriptor and a [`mio::Waker`] until the next deadline (a QP timer
+//!   or a delayed simulated packet). With [`crate::Progress::Manual`] there is no such thread:
+//!   the application's `progress`/`progress_wait`/CQ polls run the same pass.
+//!
+//! # Lock order
+//!
+//! **engine → CQ → capture → sim network.** Each lock is only ever taken while holding locks
+//! to its left, never the other way round:
+//!
+//! - the engine `Mutex` (one per device) is the doorbell: every verb that touches a QP, the
+//!   engine thread's pass, the progress of a CQ poll, and the drops of QPs and devices;
+//! - a CQ's `Mutex` is taken by the engine while pushing a completion (under the engine lock)
+//!   and by the application polling or waiting (with no other lock held);
+//! - the capture `Mutex` is taken by the engine per frame (under the engine lock) and by
+//!   `CaptureFile` methods (alone);
+//! - the `sim` network's `Mutex` is taken by its ports' `send`/`recv`, i.e. under the engine
+//!   lock, and by `SimNetwork` methods (alone);
+//! - a fault model's `Mutex` (`SharedFaults`, shared by the `sim` network's fault injectors) is
+//!   a leaf: taken under the engine lock while a batch is offered, and released before the
+//!   injector calls the datapath it wraps (so never held with the sim lock).
+//!
+//! The key table's per-slot locks (`roce_mr`) are leaves taken under the engine lock while a
+//! QP touches memory, and by MR reads/writes alone. No lock is held across a syscall that can
+//! block: sends and receives are non-blocking, and both the engine thread and
+//! `progress_wait` release the engine lock before they sleep.
+//!
+//! # The `sleep_until` wake protocol
+//!
+//! A post can arm a timer (an RC ACK timeout) earlier than the engine thread planned to wake.
+//! Waking the thread on every post would cost a syscall per post, so the thread publishes its
+//! plan and the doorbell decides:
+//!
+//! 1. the engine thread, still holding the engine lock after its pass, stores its planned
+//!    wake-up (the deadline on the device's [`crate::clock::Clock`], in nanoseconds;
+//!    `u64::MAX` for "no deadline", never 0) into `DeviceShared::sleep_until` with `Release`,
+//!    releases the lock and sleeps in `mio::Poll::poll` until then (a `mio::Waker` wake-up
+//!    sent before it reaches the poll is not lost: the waker stays readable);
+//! 2. when it wakes it stores 0 ("awake, will run a pass") before looping;
+//! 3. a doorbell, after queueing the WR and sending (under the engine lock), reads the QP's
+//!    new deadline, releases the lock and loads `sleep_until` (`Acquire`): if it is 0 the
+//!    thread is awake and its next pass sees the timer; if the deadline is earlier than the
+//!    plan, it wakes the thread through the `mio::Waker`; otherwise the thread's own wake-up
+//!    comes first and nothing is done.
+//!
+//! The store in step 1 happens under the engine lock, after the pass that computed it, so a
+//! doorbell that takes the lock afterwards sees either the plan or 0; a doorbell that ran
+//! before the pass had its timer included in the plan. A spurious wake-up only costs one
+//! empty pass.
+
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
+use std::time::Duration;
+
+use super::{Device, DeviceShared};
+use crate::clock;
+use crate::engine::Engine;
+use crate::sys::lock;
+use crate::Progress;
+
+impl Device {
+    /// After a post: send at once, and wake the engine thread if a new timer is due before
+    /// it planned to wake.
+    pub(crate) fn doorbell(&self, mut e: MutexGuard<'_, Engine>, qpn: u32) {
+        e.kick();
+        let s = self.shared();
+        if s.progress != Progress::Thread {
+            return;
+        }
+        let due = e.ep.qps.get(&qpn).and_then(|q| q.qp.poll_timeout());
+        drop(e);
+        if let Some(due) = due {
+            let planned = s.sleep_until.load(Ordering::Acquire);
+            if planned == 0 || due.as_nanos() < planned {
+                s.wake();
+            }
+        }
+    }
+}
+
+impl DeviceShared {
+    pub(super) fn wake(&self) {
+        if let Some(w) = &self.waker {
+            let _ = w.wake();
+        }
+    }
+}
+
+pub(super) const DATAPATH: mio::Token = mio::Token(0);
+pub(super) const WAKER: mio::Token = mio::Token(1);
+
+pub(super) fn run_thread(s: &DeviceShared, mut poll: mio::Poll, has_fd: bool) {
+    let mut events = mio::Events::with_capacity(16);
+    while !s.stop.load(Ordering::SeqCst) {
+        let (r, deadline) = {
+            let mut e = lock(&s.engine);
+            let r = e.progress(false);
+            let d = e.next_deadline();
+            let planned = d.map_or(u64::MAX, |d| d.as_nanos());
+            s.sleep_until.store(planned.max(1), Ordering::Release);
+            (r, d.map(|d| clock::until(e.now(), d)))
+        };
+        if r.more_rx {
+            continue;
+        }
+        let mut timeout = deadline.unwrap_or(Duration::from_secs(1));
+        if r.tx_blocked || !has_fd {
+            timeout = timeout.min(Duration::from_micros(200));
+        }
+        if poll.poll(&mut events, Some(timeout)).is_err() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        s.sleep_until.store(0, Ordering::Release);
+    }
+}

@@ -1,0 +1,361 @@
+//! Queue pairs (`ibv_qp`): creation through a protection domain, connection, posts.
+
+use std::sync::Arc;
+
+use roce_mr::Access;
+use roce_qp::state::{AttrMask, QpAttr};
+use roce_qp::verbs::{AddressHandle, Mtu, QpState, QpType, RecvWr, SendWr};
+use roce_qp::{Mem, PostError, QpConfig, QpStats};
+use roce_wire::{Gid, Psn, QKey, Qpn};
+
+use super::cq::CompletionQueue;
+use super::pd::ProtectionDomain;
+use super::srq::SharedReceiveQueue;
+use crate::device::Device;
+use crate::endpoint::QpSlot;
+use crate::error::VerbsError;
+
+impl ProtectionDomain {
+    /// Creates a queue pair (`ibv_create_qp`), in RESET.
+    ///
+    /// # Errors
+    /// [`VerbsError::WrongDevice`] if a CQ or the SRQ belongs to another device.
+    pub fn create_qp(&self, init: &QpInit) -> Result<QueuePair, VerbsError> {
+        let dev = &self.inner.dev;
+        let same = |d: &Device| Arc::ptr_eq(d.shared(), dev.shared());
+        if !same(&init.send_cq.dev) || !same(&init.recv_cq.dev) {
+            return Err(VerbsError::WrongDevice("CQ of another device"));
+        }
+        if let Some(srq) = &init.srq {
+            if !same(&srq.dev) {
+                return Err(VerbsError::WrongDevice("SRQ of another device"));
+            }
+        }
+        let qpn = dev.alloc_qpn();
+        let mem = Mem::new(dev.shared().table.clone(), self.inner.pd);
+        let mut qp = roce_qp::QueuePair::new(
+            Qpn::new(qpn),
+            init.config,
+            mem,
+            init.srq.as_ref().map(|s| s.inner.clone()),
+        );
+        qp.set_port_mtu(dev.shared().mtu);
+        dev.lock_engine().ep.insert(QpSlot {
+            qp,
+            send_cq: init.send_cq.shared.clone(),
+            recv_cq: init.recv_cq.shared.clone(),
+        });
+        Ok(QueuePair {
+            pd: self.clone(),
+            qpn: Qpn::new(qpn),
+            qp_type: init.config.qp_type,
+        })
+    }
+}
+
+/// How to create a QP (`ibv_qp_init_attr`).
+#[derive(Clone, Debug)]
+pub struct QpInit {
+    /// Capacities, type and signalling.
+    pub config: QpConfig,
+    /// Where send completions go.
+    pub send_cq: CompletionQueue,
+    /// Where receive completions go.
+    pub recv_cq: CompletionQueue,
+    /// Receive from this SRQ instead of the QP's own queue.
+    pub srq: Option<SharedReceiveQueue>,
+}
+
+impl QpInit {
+    /// A QP of `qp_type` with default capacities, both completions to `cq`.
+    pub fn new(qp_type: QpType, cq: &CompletionQueue) -> Self {
+        Self {
+            config: QpConfig::new(qp_type),
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            srq: None,
+        }
+    }
+}
+
+/// The far end of a connection, as the out-of-band exchange gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteQp {
+    /// Its QPN.
+    pub qpn: Qpn,
+    /// The first PSN it will send.
+    pub psn: Psn,
+    /// Its GID.
+    pub gid: Gid,
+}
+
+/// Connection parameters for [`QueuePair::connect`].
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectOptions {
+    /// Path MTU (default: the device's active MTU).
+    pub mtu: Option<Mtu>,
+    /// Our first PSN.
+    pub local_psn: Psn,
+    /// Remote access we allow.
+    pub access: Access,
+    /// ACK timeout exponent (4.096 us x 2^timeout).
+    pub timeout: u8,
+    /// Retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7: infinite).
+    pub rnr_retry: u8,
+    /// RNR timer code we advertise.
+    pub min_rnr_timer: u8,
+    /// Outstanding READ/atomics as requester and responder.
+    pub rd_atomic: u8,
+    /// Traffic class (DSCP/ECN) of our packets.
+    pub traffic_class: u8,
+    /// Q_Key for UD.
+    pub qkey: QKey,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            mtu: None,
+            local_psn: Psn::new(0),
+            access: Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            rd_atomic: 16,
+            traffic_class: 0,
+            qkey: QKey::new(0x1111_1111),
+        }
+    }
+}
+
+/// A queue pair (`ibv_qp`). Destroyed when dropped.
+#[derive(Debug)]
+pub struct QueuePair {
+    pd: ProtectionDomain,
+    qpn: Qpn,
+    qp_type: QpType,
+}
+
+impl QueuePair {
+    /// The QP number.
+    pub fn qpn(&self) -> Qpn {
+        self.qpn
+    }
+
+    /// The type.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    fn dev(&self) -> &Device {
+        &self.pd.inner.dev
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut roce_qp::QueuePair) -> R) -> R {
+        let mut e = self.dev().lock_engine();
+        let slot =
+            e.ep.qps
+                .get_mut(&self.qpn.value())
+                .expect("INVARIANT: a QueuePair's slot lives until its drop");
+        f(&mut slot.qp)
+    }
+
+    /// The state (`ibv_query_qp`).
+    pub fn state(&self) -> QpState {
+        self.with(|q| q.state())
+    }
+
+    /// The attributes (`ibv_query_qp`).
+    pub fn attr(&self) -> QpAttr {
+        self.with(|q| *q.attr())
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> QpStats {
+        self.with(|q| q.stats())
+    }
+
+    /// `ibv_modify_qp`.
+    ///
+    /// # Errors
+    /// [`VerbsError::Modify`] for a transition or attribute the state table refuses;
+    /// [`VerbsError::MtuTooLarge`] for a path MTU above the device's.
+    pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<(), VerbsError> {
+        let active = self.dev().shared().mtu;
+        if mask.contains(AttrMask::PATH_MTU) && attr.path_mtu > active {
+            return Err(VerbsError::MtuTooLarge {
+                requested: attr.path_mtu.bytes(),
+                active: active.bytes(),
+            });
+        }
+        let mut e = self.dev().lock_engine();
+        let slot =
+            e.ep.qps
+                .get_mut(&self.qpn.value())
+                .expect("INVARIANT: a QueuePair's slot lives until its drop");
+        slot.qp.modify(attr, mask)?;
+        // Entering ERR flushes WRs into completions; send them on.
+        self.dev().doorbell(e, self.qpn.value());
+        Ok(())
+    }
+
+    /// Moves a RESET QP to INIT, RTR and RTS towards `remote` (RC/UC), or to RTS (UD;
+    /// `remote` is ignored), with `opts` — what the pingpong and perftest tools do after
+    /// their out-of-band exchange.
+    ///
+    /// # Errors
+    /// As [`Self::modify`].
+    pub fn connect(&self, remote: &RemoteQp, opts: &ConnectOptions) -> Result<(), VerbsError> {
+        let mtu = opts.mtu.unwrap_or(self.dev().shared().mtu);
+        let mut attr = QpAttr {
+            state: QpState::Init,
+            access_flags: remote_only(opts.access),
+            pkey_index: 0,
+            port: 1,
+            qkey: opts.qkey,
+            ..QpAttr::default()
+        };
+        let init_mask = AttrMask::STATE
+            | AttrMask::PKEY_INDEX
+            | AttrMask::PORT
+            | if self.qp_type == QpType::Ud {
+                AttrMask::QKEY
+            } else {
+                AttrMask::ACCESS_FLAGS
+            };
+        self.modify(&attr, init_mask)?;
+        attr.state = QpState::Rtr;
+        let rtr_mask = match self.qp_type {
+            QpType::Ud => AttrMask::STATE,
+            QpType::Uc => {
+                attr.ah = AddressHandle {
+                    traffic_class: opts.traffic_class,
+                    ..AddressHandle::new(remote.gid)
+                };
+                attr.path_mtu = mtu;
+                attr.dest_qpn = remote.qpn;
+                attr.rq_psn = remote.psn;
+                AttrMask::STATE
+                    | AttrMask::AV
+                    | AttrMask::PATH_MTU
+                    | AttrMask::DEST_QPN
+                    | AttrMask::RQ_PSN
+            }
+            QpType::Rc => {
+                attr.ah = AddressHandle {
+                    traffic_class: opts.traffic_class,
+                    ..AddressHandle::new(remote.gid)
+                };
+                attr.path_mtu = mtu;
+                attr.dest_qpn = remote.qpn;
+                attr.rq_psn = remote.psn;
+                attr.max_dest_rd_atomic = opts.rd_atomic;
+                attr.min_rnr_timer = opts.min_rnr_timer;
+                AttrMask::STATE
+                    | AttrMask::AV
+                    | AttrMask::PATH_MTU
+                    | AttrMask::DEST_QPN
+                    | AttrMask::RQ_PSN
+                    | AttrMask::MAX_DEST_RD_ATOMIC
+                    | AttrMask::MIN_RNR_TIMER
+            }
+        };
+        self.modify(&attr, rtr_mask)?;
+        attr.state = QpState::Rts;
+        attr.sq_psn = opts.local_psn;
+        let rts_mask = match self.qp_type {
+            QpType::Rc => {
+                attr.timeout = opts.timeout;
+                attr.retry_cnt = opts.retry_cnt;
+                attr.rnr_retry = opts.rnr_retry;
+                attr.max_rd_atomic = opts.rd_atomic;
+                AttrMask::STATE
+                    | AttrMask::SQ_PSN
+                    | AttrMask::TIMEOUT
+                    | AttrMask::RETRY_CNT
+                    | AttrMask::RNR_RETRY
+                    | AttrMask::MAX_QP_RD_ATOMIC
+            }
+            _ => AttrMask::STATE | AttrMask::SQ_PSN,
+        };
+        self.modify(&attr, rts_mask)
+    }
+
+    /// Posts a send WR (`ibv_post_send`) and rings the doorbell: its first packets leave
+    /// from this thread before the call returns.
+    ///
+    /// # Errors
+    /// [`PostError`]: nothing was queued.
+    pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
+        let mut e = self.dev().lock_engine();
+        let now = e.now();
+        let slot =
+            e.ep.qps
+                .get_mut(&self.qpn.value())
+                .expect("INVARIANT: a QueuePair's slot lives until its drop");
+        slot.qp.post_send(now, wr)?;
+        self.dev().doorbell(e, self.qpn.value());
+        Ok(())
+    }
+
+    /// Posts several send WRs with one doorbell. Stops at the first refused WR and returns
+    /// how many were posted with its error.
+    ///
+    /// # Errors
+    /// `(posted, error)` for the first WR refused.
+    pub fn post_send_batch(
+        &self,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> Result<usize, (usize, PostError)> {
+        let mut e = self.dev().lock_engine();
+        let now = e.now();
+        let slot =
+            e.ep.qps
+                .get_mut(&self.qpn.value())
+                .expect("INVARIANT: a QueuePair's slot lives until its drop");
+        let mut n = 0;
+        let mut err = None;
+        for wr in wrs {
+            if let Err(x) = slot.qp.post_send(now, wr) {
+                err = Some(x);
+                break;
+            }
+            n += 1;
+        }
+        self.dev().doorbell(e, self.qpn.value());
+        match err {
+            Some(x) => Err((n, x)),
+            None => Ok(n),
+        }
+    }
+
+    /// Posts a receive WR (`ibv_post_recv`).
+    ///
+    /// # Errors
+    /// [`PostError`]: nothing was queued.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
+        self.with(|q| q.post_recv(wr))
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let mut e = self.dev().lock_engine();
+        e.remove(self.qpn.value());
+        // Packets already built (a deferred final ACK) still go out: the peer is waiting.
+        if e.tx_waiting() {
+            e.kick();
+        }
+    }
+}
+
+/// Remote access bits only (what a QP's access flags may hold).
+fn remote_only(a: Access) -> Access {
+    Access::from_bits(a.bits() & Access::REMOTE.bits()).unwrap_or(Access::empty())
+}

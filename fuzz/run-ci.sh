@@ -32,7 +32,7 @@ run_stable() {
     echo "=== stable runner: ${secs}s per target, seed $seed"
     local manifest="$here/stable-runner/Cargo.toml"
     cargo build --release --locked --manifest-path "$manifest"
-    for target in wire_parse wire_roundtrip; do
+    for target in wire_parse wire_roundtrip qp_responder qp_requester; do
         if ! cargo run -q --release --locked --manifest-path "$manifest" -- \
             --target "$target" --seconds "$secs" --seed "$seed"; then
             failed+=("stable:$target")

@@ -1875,9 +1875,8 @@ fn lone_fatal_case(test: &str, nak: u8, build: impl Fn(&mut Hq, &Lab) -> Vec<Req
 
 /// Misaligned atomic with a bad rkey: rxe checks the rkey first (check_rkey, before the
 /// alignment check of the atomic path, `atomic_reply` / `rxe_mr_do_atomic_op`) -> NAK 0x62.
-/// rocectl today checks the alignment first and NAKs 0x61.
+/// rocectl follows that order (branch h-qp, issue 12).
 #[test]
-#[ignore = "issue 12: waits for the atomic check order fix (bad rkey before alignment) on branch h-qp"]
 fn misaligned_atomic_with_bad_rkey() {
     lone_fatal_case("misaligned-badkey", NAK_ACC, |h, lab| {
         vec![fetch_add(h, lab.target.addr() + 4, bogus_rkey(lab), 1)]

@@ -7,6 +7,11 @@
 //!   `Display` and `Debug` into a `String` sink. The contract is "`parse` never panics".
 //! - [`wire_roundtrip`]: whatever parses is emitted into a buffer of exactly `buffer_len()`
 //!   bytes and parsed again, and must come back equal.
+//! - [`qp_responder`]: a script of crafted and raw transport packets (plus receives, posts,
+//!   timeouts, modifies) into an RC or UC queue pair in any state: never panics, the QP's
+//!   invariants hold, everything it sends parses, no completion names a WR never posted.
+//! - [`qp_requester`]: arbitrary responses into an RC requester/completer with work posted,
+//!   with the same checks, and send completions in posting order.
 //!
 //! `fuzz_targets/*.rs` wrap them for libFuzzer (`cargo +nightly fuzz run wire_parse`);
 //! `stable-runner/` wraps them for a seeded mutation loop that builds on stable Rust.
@@ -20,11 +25,15 @@
 //! `PacketRepr::parse` straight on the candidate UDP payload offsets, so that both builds
 //! exercise the same code.
 
+mod qp;
+
 use std::fmt::Write as _;
 
 use roce_wire::icrc::{self, ICRC_LEN};
 use roce_wire::pcap::{linktype, parse_link};
 use roce_wire::{Caps, Check, Frame, PacketRepr, ParseError};
+
+pub use qp::{qp_requester, qp_responder};
 
 /// Receive with the ICRC checked (what the stack does).
 const CHECKED: Caps = Caps { icrc: Check::Both };

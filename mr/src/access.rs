@@ -24,9 +24,13 @@ impl Access {
     pub const MW_BIND: Self = Self(0x10);
     /// Remote addresses are offsets from the start of the region or window (its IOVA is 0).
     pub const ZERO_BASED: Self = Self(0x20);
+    /// A peer may FLUSH the memory to global visibility (`IBV_ACCESS_FLUSH_GLOBAL`, IBTA 1.5).
+    pub const FLUSH_GLOBAL: Self = Self(0x100);
+    /// A peer may FLUSH the memory to persistence (`IBV_ACCESS_FLUSH_PERSISTENT`, IBTA 1.5).
+    pub const FLUSH_PERSISTENT: Self = Self(0x200);
 
     /// Every bit this crate understands.
-    pub const ALL: Self = Self(0x3F);
+    pub const ALL: Self = Self(0x33F);
     /// Bits that a peer exercises: what a memory window may grant.
     pub const REMOTE: Self = Self(0x02 | 0x04 | 0x08);
 
@@ -98,13 +102,15 @@ impl BitAnd for Access {
     }
 }
 
-const NAMES: [(Access, &str); 6] = [
+const NAMES: [(Access, &str); 8] = [
     (Access::LOCAL_WRITE, "LOCAL_WRITE"),
     (Access::REMOTE_WRITE, "REMOTE_WRITE"),
     (Access::REMOTE_READ, "REMOTE_READ"),
     (Access::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
     (Access::MW_BIND, "MW_BIND"),
     (Access::ZERO_BASED, "ZERO_BASED"),
+    (Access::FLUSH_GLOBAL, "FLUSH_GLOBAL"),
+    (Access::FLUSH_PERSISTENT, "FLUSH_PERSISTENT"),
 ];
 
 impl fmt::Display for Access {
@@ -152,8 +158,11 @@ mod tests {
         assert_eq!(Access::REMOTE_ATOMIC.bits(), 8);
         assert_eq!(Access::MW_BIND.bits(), 0x10);
         assert_eq!(Access::ZERO_BASED.bits(), 0x20);
+        assert_eq!(Access::FLUSH_GLOBAL.bits(), 0x100);
+        assert_eq!(Access::FLUSH_PERSISTENT.bits(), 0x200);
         assert_eq!(Access::from_bits(0x40), None);
-        assert_eq!(Access::from_bits(0x3F), Some(Access::ALL));
+        assert_eq!(Access::from_bits(0x80), None);
+        assert_eq!(Access::from_bits(0x33F), Some(Access::ALL));
     }
 
     #[test]

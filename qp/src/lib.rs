@@ -36,12 +36,16 @@
 //! assert_eq!(pair.b.read(&dst), b"hello, rdma");
 //! ```
 
+mod config;
+mod ctx;
 mod mem;
 mod qp;
 mod rc;
+mod stats;
 mod time;
 mod timer;
 mod ud;
+mod wq;
 
 pub mod cq;
 pub mod fault;

@@ -209,6 +209,23 @@ impl Mem {
         .map_err(|e| nak_of(&e))
     }
 
+    /// An incoming ATOMIC WRITE: stores 8 bytes at `va` at once (an aligned word of region
+    /// memory is written through one atomic store). Needs REMOTE_WRITE; a misaligned address
+    /// is an invalid request, checked after the key as rxe does.
+    pub(crate) fn atomic_write(
+        &self,
+        qpn: Qpn,
+        rkey: RKey,
+        va: u64,
+        value: &[u8; 8],
+    ) -> Result<(), MemError> {
+        let c = self.remote(qpn, rkey, va, 8, Access::REMOTE_WRITE)?;
+        if va % 8 != 0 {
+            return Err(MemError::Access(NakCode::InvalidRequest));
+        }
+        c.write(0, value).map_err(|e| nak_of(&e))
+    }
+
     /// SEND with invalidate: invalidates the named rkey.
     pub(crate) fn invalidate_remote(&self, qpn: Qpn, rkey: RKey) -> Result<(), WcStatus> {
         self.table

@@ -18,55 +18,26 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use roce_mr::Access;
-use roce_wire::{PKey, PacketRepr, Psn, Qpn};
+use roce_wire::{PKey, PacketRepr, Qpn};
 
+pub use crate::config::QpConfig;
 use crate::cq::SharedReceiveQueue;
+pub use crate::ctx::Event;
+use crate::ctx::QpCtx;
 use crate::mem::Mem;
+use crate::rc::completer::Completer;
+use crate::rc::requester::Requester;
+use crate::rc::responder::Responder;
 use crate::state::{check_modify, AttrMask, ModifyError, QpAttr};
+pub use crate::stats::QpStats;
 use crate::time::Instant;
 use crate::timer::{Timer, TimerTable};
+use crate::ud;
 use crate::verbs::{
     AddressHandle, Completion, CqSide, QpState, QpType, RecvWr, SendData, SendOp, SendWr, WcOpcode,
     WcStatus,
 };
-
-/// Creation-time capacities of a QP (`struct ibv_qp_cap` plus our knobs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QpConfig {
-    /// QP type.
-    pub qp_type: QpType,
-    /// Most outstanding send WRs.
-    pub max_send_wr: usize,
-    /// Most outstanding receive WRs (ignored with an SRQ).
-    pub max_recv_wr: usize,
-    /// Most scatter/gather entries per WR.
-    pub max_sge: usize,
-    /// Most inline bytes per send.
-    pub max_inline_data: usize,
-    /// Signal every send WR regardless of its own flag (`sq_sig_all`).
-    pub sq_sig_all: bool,
-    /// Most request packets in flight without an ACK (rxe: 128).
-    pub max_inflight_packets: u32,
-    /// Request an ACK at least every this many packets, as well as at message ends.
-    pub ack_req_every: u32,
-}
-
-impl QpConfig {
-    /// Defaults for a QP type.
-    pub const fn new(qp_type: QpType) -> Self {
-        Self {
-            qp_type,
-            max_send_wr: 1024,
-            max_recv_wr: 1024,
-            max_sge: 32,
-            max_inline_data: 256,
-            sq_sig_all: false,
-            max_inflight_packets: 512,
-            ack_req_every: 64,
-        }
-    }
-}
+use crate::wq::{RecvQueue, SendQueue, SendWqe};
 
 /// Why a post failed (nothing was queued).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -81,8 +52,8 @@ pub enum PostError {
     /// The operation does not exist for this QP type (e.g. READ on UC, RDMA on UD).
     #[error("operation not supported on this QP type")]
     UnsupportedOp,
-    /// Too many scatter/gather entries, or inline data too long, or an atomic SGE that is
-    /// not 8 bytes.
+    /// Too many scatter/gather entries, or inline data too long, or an atomic or ATOMIC WRITE
+    /// whose data is not 8 bytes, or a FLUSH with data.
     #[error("invalid scatter/gather list or inline data")]
     InvalidSgl,
     /// A UD send without a destination, or an RC/UC send with one.
@@ -91,19 +62,6 @@ pub enum PostError {
     /// The receive goes to the SRQ, not the QP.
     #[error("QP uses a shared receive queue")]
     HasSrq,
-}
-
-/// An asynchronous event (`enum ibv_event_type`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Event {
-    /// The QP entered ERR on its own (`IBV_EVENT_QP_FATAL`), with the status that caused it.
-    QpFatal(WcStatus),
-    /// The send queue drained in SQD (`IBV_EVENT_SQ_DRAINED`).
-    SqDrained,
-    /// An SRQ the QP uses went below its limit (`IBV_EVENT_SRQ_LIMIT_REACHED`).
-    SrqLimitReached,
-    /// The QP entered SQE (`IBV_EVENT_QP_REQ_ERR` for UC/UD send errors).
-    SendQueueError,
 }
 
 /// A packet the QP wants sent. The bytes (BTH through the ICRC field, ICRC zero) are in the
@@ -145,203 +103,29 @@ impl RecvMeta {
     }
 }
 
-/// Counters of one QP, in the spirit of `rdma statistic`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct QpStats {
-    /// Packets produced by `poll_transmit`.
-    pub tx_packets: u64,
-    /// Payload bytes in them.
-    pub tx_bytes: u64,
-    /// Packets accepted by `handle_packet`.
-    pub rx_packets: u64,
-    /// Payload bytes in them.
-    pub rx_bytes: u64,
-    /// Request packets sent again (go-back-N).
-    pub retransmitted_packets: u64,
-    /// ACK timeouts that fired.
-    pub timeouts: u64,
-    /// Sequence-error NAKs sent / received.
-    pub seq_naks_sent: u64,
-    /// Sequence-error NAKs received.
-    pub seq_naks_received: u64,
-    /// RNR NAKs sent.
-    pub rnr_naks_sent: u64,
-    /// RNR NAKs received.
-    pub rnr_naks_received: u64,
-    /// Fatal NAKs (invalid request, remote access, remote operational) sent.
-    pub fatal_naks_sent: u64,
-    /// Fatal NAKs received.
-    pub fatal_naks_received: u64,
-    /// NAKs sent by code: invalid request, remote access error, remote operational error.
-    pub naks_sent_by_code: [u64; 3],
-    /// NAKs received by code: invalid request, remote access error, remote operational error.
-    pub naks_received_by_code: [u64; 3],
-    /// Duplicate requests answered.
-    pub duplicate_requests: u64,
-    /// Packets dropped: wrong state.
-    pub drop_state: u64,
-    /// Packets dropped: P_Key mismatch.
-    pub drop_pkey: u64,
-    /// Packets dropped: Q_Key mismatch (UD).
-    pub drop_qkey: u64,
-    /// Packets dropped: opcode not valid for this QP type or out of sequence (UC/UD).
-    pub drop_opcode: u64,
-    /// Packets dropped: out-of-sequence PSN (after the one NAK) or stale response.
-    pub drop_psn: u64,
-    /// Packets dropped: malformed lengths.
-    pub drop_length: u64,
-    /// Packets dropped: no receive WR (UD, UC).
-    pub drop_no_recv: u64,
-    /// Packets dropped: wrong source address for a connected QP.
-    pub drop_address: u64,
-}
-
-impl core::ops::AddAssign<&Self> for QpStats {
-    /// Adds every counter of `other` (a device summing its QPs, live and destroyed).
-    fn add_assign(&mut self, other: &Self) {
-        let Self {
-            tx_packets,
-            tx_bytes,
-            rx_packets,
-            rx_bytes,
-            retransmitted_packets,
-            timeouts,
-            seq_naks_sent,
-            seq_naks_received,
-            rnr_naks_sent,
-            rnr_naks_received,
-            fatal_naks_sent,
-            fatal_naks_received,
-            naks_sent_by_code,
-            naks_received_by_code,
-            duplicate_requests,
-            drop_state,
-            drop_pkey,
-            drop_qkey,
-            drop_opcode,
-            drop_psn,
-            drop_length,
-            drop_no_recv,
-            drop_address,
-        } = other;
-        self.tx_packets += tx_packets;
-        self.tx_bytes += tx_bytes;
-        self.rx_packets += rx_packets;
-        self.rx_bytes += rx_bytes;
-        self.retransmitted_packets += retransmitted_packets;
-        self.timeouts += timeouts;
-        self.seq_naks_sent += seq_naks_sent;
-        self.seq_naks_received += seq_naks_received;
-        self.rnr_naks_sent += rnr_naks_sent;
-        self.rnr_naks_received += rnr_naks_received;
-        self.fatal_naks_sent += fatal_naks_sent;
-        self.fatal_naks_received += fatal_naks_received;
-        for i in 0..3 {
-            self.naks_sent_by_code[i] += naks_sent_by_code[i];
-            self.naks_received_by_code[i] += naks_received_by_code[i];
-        }
-        self.duplicate_requests += duplicate_requests;
-        self.drop_state += drop_state;
-        self.drop_pkey += drop_pkey;
-        self.drop_qkey += drop_qkey;
-        self.drop_opcode += drop_opcode;
-        self.drop_psn += drop_psn;
-        self.drop_length += drop_length;
-        self.drop_no_recv += drop_no_recv;
-        self.drop_address += drop_address;
-    }
-}
-
-impl QpStats {
-    /// Counts a fatal NAK sent with `code`.
-    pub(crate) fn nak_sent(&mut self, code: roce_wire::aeth::NakCode) {
-        self.fatal_naks_sent += 1;
-        if let Some(i) = fatal_index(code) {
-            self.naks_sent_by_code[i] += 1;
-        }
-    }
-
-    /// Counts a fatal NAK received with `code`.
-    pub(crate) fn nak_received(&mut self, code: roce_wire::aeth::NakCode) {
-        self.fatal_naks_received += 1;
-        if let Some(i) = fatal_index(code) {
-            self.naks_received_by_code[i] += 1;
-        }
-    }
-}
-
-const fn fatal_index(code: roce_wire::aeth::NakCode) -> Option<usize> {
-    use roce_wire::aeth::NakCode;
-    match code {
-        NakCode::InvalidRequest => Some(0),
-        NakCode::RemoteAccessError => Some(1),
-        NakCode::RemoteOperationalError => Some(2),
-        _ => None,
-    }
-}
-
-/// A send WR in the send queue, with its transmission state.
-#[derive(Clone, Debug)]
-pub(crate) struct SendWqe {
-    pub(crate) wr: SendWr,
-    pub(crate) len: u64,
-    /// PSN of the first packet, assigned when first transmitted.
-    pub(crate) first_psn: Option<Psn>,
-    /// Number of PSNs the WR consumes (READ: one per response packet).
-    pub(crate) npkts: u32,
-    /// READ: response packets received so far.
-    pub(crate) read_pkts_done: u32,
-    /// Whether every packet has been handed to the transport at least once.
-    pub(crate) all_sent: bool,
-    /// A local error found while sending it: the status it completes with.
-    pub(crate) error: Option<WcStatus>,
-}
-
-impl SendWqe {
-    pub(crate) fn last_psn(&self) -> Option<Psn> {
-        self.first_psn.map(|p| p.add(self.npkts.saturating_sub(1)))
-    }
-}
-
-/// Where received SENDs land.
-#[derive(Debug)]
-pub(crate) enum RecvQueue {
-    Own(VecDeque<RecvWr>),
-    Shared(Arc<SharedReceiveQueue>),
-}
-
-impl RecvQueue {
-    pub(crate) fn pop(&mut self) -> Option<RecvWr> {
-        match self {
-            Self::Own(q) => q.pop_front(),
-            Self::Shared(s) => s.pop(),
-        }
-    }
-    pub(crate) fn push_front(&mut self, wr: RecvWr) {
-        match self {
-            Self::Own(q) => q.push_front(wr),
-            Self::Shared(s) => s.push_front(wr),
-        }
-    }
-}
-
 /// A queue pair.
+///
+/// It composes the RC engines (requester, completer, responder in `rc/`, like rxe's
+/// `rxe_req.c`, `rxe_comp.c` and `rxe_resp.c`) and UD (`ud.rs`) over the state they share
+/// (attributes, memory, work queues, timers, output queues), lending that state to one engine
+/// at a time as a `QpCtx`.
 #[derive(Debug)]
 pub struct QueuePair {
-    pub(crate) qpn: Qpn,
-    pub(crate) cfg: QpConfig,
-    pub(crate) state: QpState,
-    pub(crate) attr: QpAttr,
-    pub(crate) mem: Mem,
-    pub(crate) sq: VecDeque<SendWqe>,
-    pub(crate) rq: RecvQueue,
-    pub(crate) req: crate::rc::requester::Requester,
-    pub(crate) resp: crate::rc::responder::Responder,
-    pub(crate) timers: TimerTable,
-    pub(crate) completions: VecDeque<(CqSide, Completion)>,
-    pub(crate) events: VecDeque<Event>,
-    pub(crate) stats: QpStats,
-    pub(crate) udp_sport: u16,
+    qpn: Qpn,
+    cfg: QpConfig,
+    state: QpState,
+    attr: QpAttr,
+    mem: Mem,
+    sq: SendQueue,
+    rq: RecvQueue,
+    req: Requester,
+    comp: Completer,
+    resp: Responder,
+    timers: TimerTable,
+    completions: VecDeque<(CqSide, Completion)>,
+    events: VecDeque<Event>,
+    stats: QpStats,
+    udp_sport: u16,
 }
 
 impl QueuePair {
@@ -358,10 +142,11 @@ impl QueuePair {
             state: QpState::Reset,
             attr: QpAttr::default(),
             mem,
-            sq: VecDeque::new(),
+            sq: SendQueue::default(),
             rq,
-            req: Default::default(),
-            resp: Default::default(),
+            req: Requester::default(),
+            comp: Completer::default(),
+            resp: Responder::default(),
             timers: TimerTable::default(),
             completions: VecDeque::new(),
             events: VecDeque::new(),
@@ -448,19 +233,20 @@ impl QueuePair {
         }
         if mask.contains(AttrMask::SQ_PSN) {
             self.req.reset(attr.sq_psn);
+            self.comp.reset(attr.sq_psn);
+            self.sq.rewind_cursor();
         }
         if mask.contains(AttrMask::RETRY_CNT) || mask.contains(AttrMask::RNR_RETRY) {
-            self.req.retry_left = self.attr.retry_cnt;
-            self.req.rnr_retry_left = self.attr.rnr_retry;
+            self.comp.reload_retries(&self.attr);
         }
         if mask.contains(AttrMask::STATE) {
             let to = attr.state;
             match to {
                 QpState::Reset => self.reset(),
-                QpState::Err => self.enter_error(None),
+                QpState::Err => self.with_ctx(|cx, _| cx.enter_error(None)),
                 QpState::Sqd => {
                     self.state = QpState::Sqd;
-                    self.check_sq_drained();
+                    self.with_ctx(|cx, _| cx.check_sq_drained());
                 }
                 other => self.state = other,
             }
@@ -478,10 +264,10 @@ impl QueuePair {
             QpState::Rts | QpState::Sqd => {}
             QpState::Err => {
                 // Verbs allow posting in ERR: the WR completes at once with a flush error.
-                self.push_completion(
+                self.completions.push_back((
                     CqSide::Send,
                     Completion::new(wr.wr_id, WcStatus::WrFlushErr, wr.op.wc_opcode(), self.qpn),
-                );
+                ));
                 return Ok(());
             }
             other => return Err(PostError::InvalidState(other)),
@@ -505,14 +291,17 @@ impl QueuePair {
         }
         match &wr.data {
             SendData::Sges(s) if s.len() > self.cfg.max_sge => return Err(PostError::InvalidSgl),
-            SendData::Inline(d)
-                if d.len() > self.cfg.max_inline_data || wr.op.is_read_or_atomic() =>
-            {
+            SendData::Inline(d) if d.len() > self.cfg.max_inline_data || wr.op.returns_data() => {
                 return Err(PostError::InvalidSgl)
             }
             _ => {}
         }
-        if wr.op.is_atomic() && wr.len() != 8 {
+        let atomic_sized = wr.op.is_atomic() || matches!(wr.op, SendOp::AtomicWrite { .. });
+        if atomic_sized && wr.len() != 8 {
+            return Err(PostError::InvalidSgl);
+        }
+        if matches!(wr.op, SendOp::Flush { .. }) && !wr.is_empty() {
+            // A FLUSH carries no data.
             return Err(PostError::InvalidSgl);
         }
         if self.cfg.sq_sig_all {
@@ -522,7 +311,8 @@ impl QueuePair {
         let mtu = self.attr.path_mtu.bytes() as u64;
         let npkts = match wr.op {
             SendOp::LocalInv { .. } => 0,
-            op if op.is_atomic() => 1,
+            // One packet, one PSN: the atomics, ATOMIC WRITE and FLUSH.
+            op if op.is_read_or_atomic() && !matches!(op, SendOp::RdmaRead { .. }) => 1,
             _ => len.div_ceil(mtu).max(1) as u32,
         };
         self.sq.push_back(SendWqe {
@@ -553,10 +343,10 @@ impl QueuePair {
         match &mut self.rq {
             RecvQueue::Shared(_) => Err(PostError::HasSrq),
             RecvQueue::Own(_) if self.state == QpState::Err => {
-                self.push_completion(
+                self.completions.push_back((
                     CqSide::Recv,
                     Completion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn),
-                );
+                ));
                 Ok(())
             }
             RecvQueue::Own(q) if q.len() >= max => Err(PostError::QueueFull),
@@ -577,57 +367,87 @@ impl QueuePair {
     }
 
     fn handle_packet_inner(&mut self, now: Instant, packet: &PacketRepr<'_>, meta: &RecvMeta) {
+        let Some(info) = self.accepts(&packet.bth, meta) else {
+            return;
+        };
+        self.stats.rx_packets += 1;
+        self.stats.rx_bytes += packet.payload.len() as u64;
+        match self.cfg.qp_type {
+            QpType::Ud => self.with_ctx(|cx, _| ud::receive(cx, packet, &meta.grh)),
+            _ if info.is_response() => {
+                if self.cfg.qp_type == QpType::Rc {
+                    self.with_ctx(|cx, e| e.comp.on_response(e.req, cx, now, packet));
+                } else {
+                    self.stats.drop_opcode += 1;
+                }
+            }
+            _ => self.with_ctx(|cx, e| e.resp.on_request(cx, packet)),
+        }
+    }
+
+    /// Feeds a packet addressed to this QP that the transport could not parse because its BTH
+    /// PadCnt is larger than the bytes after its headers (`ParseError::BadPadCount`); `bth` is
+    /// its parsed BTH. Linux rxe answers such a request as a length error: an in-sequence RC
+    /// SEND, RDMA WRITE or ATOMIC WRITE is NAKed invalid request (0x61) and the QP enters ERR;
+    /// UC drops the message; other opcodes are dropped (counted in `drop_length`).
+    pub fn handle_bad_pad(&mut self, _now: Instant, bth: &roce_wire::bth::Repr, meta: &RecvMeta) {
+        if self.accepts(bth, meta).is_some() {
+            if self.cfg.qp_type == QpType::Ud {
+                self.stats.drop_length += 1;
+            } else {
+                self.with_ctx(|cx, e| e.resp.on_bad_pad(cx, bth));
+            }
+        }
+        self.invariants();
+    }
+
+    /// The checks every received packet passes before an engine sees it (state, P_Key, opcode
+    /// known and of the QP's transport, source address), each refusal counted; the opcode's
+    /// table entry if it passes.
+    fn accepts(
+        &mut self,
+        bth: &roce_wire::bth::Repr,
+        meta: &RecvMeta,
+    ) -> Option<&'static roce_wire::opcode::OpcodeInfo> {
         if !matches!(
             self.state,
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
         ) {
             self.stats.drop_state += 1;
-            return;
+            return None;
         }
-        if !packet.bth.pkey.matches(PKey::DEFAULT) {
+        if !bth.pkey.matches(PKey::DEFAULT) {
             self.stats.drop_pkey += 1;
-            return;
+            return None;
         }
-        let Some(info) = packet.bth.opcode.info() else {
+        let Some(info) = bth.opcode.info() else {
             self.stats.drop_opcode += 1;
-            return;
+            return None;
         };
         let transport_ok = matches!(
-            (self.cfg.qp_type, packet.bth.opcode.transport()),
+            (self.cfg.qp_type, bth.opcode.transport()),
             (QpType::Rc, roce_wire::opcode::Transport::Rc)
                 | (QpType::Uc, roce_wire::opcode::Transport::Uc)
                 | (QpType::Ud, roce_wire::opcode::Transport::Ud)
         );
         if !transport_ok {
             self.stats.drop_opcode += 1;
-            return;
+            return None;
         }
         if self.cfg.qp_type != QpType::Ud && meta.sgid != self.attr.ah.dgid {
             self.stats.drop_address += 1;
-            return;
+            return None;
         }
-        self.stats.rx_packets += 1;
-        self.stats.rx_bytes += packet.payload.len() as u64;
-        match self.cfg.qp_type {
-            QpType::Ud => self.ud_receive(packet, meta),
-            _ if info.is_response() => {
-                if self.cfg.qp_type == QpType::Rc {
-                    self.rc_handle_response(now, packet);
-                } else {
-                    self.stats.drop_opcode += 1;
-                }
-            }
-            _ => self.handle_request(packet),
-        }
+        Some(info)
     }
 
     /// Fires the timers whose deadline is at or before `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.timers.take_expired(Timer::Rnr, now) {
-            self.rnr_timer_fired(now);
+            self.req.rnr_timer_fired();
         }
         if self.timers.take_expired(Timer::AckTimeout, now) {
-            self.ack_timer_fired();
+            self.with_ctx(|cx, e| e.comp.ack_timer_fired(e.req, cx));
         }
         self.invariants();
     }
@@ -649,7 +469,7 @@ impl QueuePair {
     fn poll_transmit_inner(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         if self.cfg.qp_type != QpType::Ud {
             // Responses first: they unblock the peer.
-            if let Some(len) = self.next_response(buf) {
+            if let Some(len) = self.with_ctx(|cx, e| e.resp.next_response(cx, buf)) {
                 return Some(self.transmit(len, self.attr.ah));
             }
         }
@@ -657,14 +477,16 @@ impl QueuePair {
             return None;
         }
         match self.cfg.qp_type {
-            QpType::Ud => self.ud_next(now, buf),
+            QpType::Ud => self
+                .with_ctx(|cx, e| ud::next(cx, e.req, buf))
+                .map(|(len, ah)| self.transmit(len, ah)),
             _ => self
-                .next_request(now, buf)
+                .with_ctx(|cx, e| e.req.next_request(cx, e.comp.acked_psn(), now, buf))
                 .map(|len| self.transmit(len, self.attr.ah)),
         }
     }
 
-    pub(crate) fn transmit(&self, len: usize, ah: AddressHandle) -> Transmit {
+    fn transmit(&self, len: usize, ah: AddressHandle) -> Transmit {
         Transmit {
             len,
             ah,
@@ -697,80 +519,53 @@ impl QueuePair {
 
     // ---------------------------------------------------------------- internal --
 
-    pub(crate) fn push_completion(&mut self, side: CqSide, c: Completion) {
-        self.completions.push_back((side, c));
-    }
-
-    /// Completes the front send WQE (successfully or not) if it is signaled or failed.
-    pub(crate) fn complete_front(&mut self, status: WcStatus) {
-        let Some(w) = self.sq.pop_front() else { return };
-        self.req.front_removed(&w);
-        if w.wr.signaled || status != WcStatus::Success {
-            let mut c = Completion::new(w.wr.wr_id, status, w.wr.op.wc_opcode(), self.qpn);
-            if status == WcStatus::Success {
-                c.byte_len = u32::try_from(w.len).unwrap_or(u32::MAX);
-            }
-            self.push_completion(CqSide::Send, c);
+    /// Lends the shared state to one engine call, then finishes an error the call entered:
+    /// the responder's receive WR, the receive queue and the queued responses are flushed
+    /// right after the send queue, before anything else happens.
+    fn with_ctx<R>(&mut self, f: impl FnOnce(&mut QpCtx<'_>, Engines<'_>) -> R) -> R {
+        let Self {
+            qpn,
+            cfg,
+            state,
+            attr,
+            mem,
+            sq,
+            rq,
+            req,
+            comp,
+            resp,
+            timers,
+            completions,
+            events,
+            stats,
+            udp_sport: _,
+        } = self;
+        let mut cx = QpCtx {
+            qpn: *qpn,
+            cfg,
+            state,
+            attr,
+            mem,
+            sq,
+            rq,
+            timers,
+            completions,
+            events,
+            stats,
+            entered_error: false,
+        };
+        let r = f(
+            &mut cx,
+            Engines {
+                req: &mut *req,
+                comp,
+                resp: &mut *resp,
+            },
+        );
+        if cx.entered_error {
+            resp.on_error(&mut cx);
         }
-        if self.state == QpState::Sqd {
-            self.check_sq_drained();
-        }
-    }
-
-    pub(crate) fn check_sq_drained(&mut self) {
-        if self.state == QpState::Sqd && self.sq.is_empty() {
-            self.events.push_back(Event::SqDrained);
-        }
-    }
-
-    /// Moves to ERR: flushes every outstanding WR. `cause` is the status of the error that
-    /// caused it (`None` for a modify to ERR).
-    pub(crate) fn enter_error(&mut self, cause: Option<WcStatus>) {
-        if self.state == QpState::Err {
-            return;
-        }
-        self.state = QpState::Err;
-        self.timers.clear();
-        while let Some(w) = self.sq.pop_front() {
-            self.req.front_removed(&w);
-            let status = w.error.unwrap_or(WcStatus::WrFlushErr);
-            self.push_completion(
-                CqSide::Send,
-                Completion::new(w.wr.wr_id, status, w.wr.op.wc_opcode(), self.qpn),
-            );
-        }
-        if let Some(w) = self.resp.take_current_recv() {
-            self.push_completion(
-                CqSide::Recv,
-                Completion::new(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn),
-            );
-        }
-        if let RecvQueue::Own(q) = &mut self.rq {
-            let flushed: Vec<RecvWr> = q.drain(..).collect();
-            for w in flushed {
-                self.push_completion(
-                    CqSide::Recv,
-                    Completion::new(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn),
-                );
-            }
-        }
-        self.resp.clear_pending_except_naks();
-        if let Some(status) = cause {
-            self.events.push_back(Event::QpFatal(status));
-        }
-    }
-
-    /// A send WQE failed locally or remotely: complete it with `status`, then RC goes to ERR
-    /// (flushing the rest) and UC/UD to SQE.
-    pub(crate) fn fail_front(&mut self, status: WcStatus) {
-        self.complete_front(status);
-        match self.cfg.qp_type {
-            QpType::Rc => self.enter_error(Some(status)),
-            _ => {
-                self.state = QpState::Sqe;
-                self.events.push_back(Event::SendQueueError);
-            }
-        }
+        r
     }
 
     fn reset(&mut self) {
@@ -785,40 +580,54 @@ impl QueuePair {
         };
     }
 
-    pub(crate) fn access_allows(&self, needed: Access) -> bool {
-        self.attr.access_flags.contains(needed)
-    }
-
     /// Checks the cross-field invariants after every input (debug builds only).
-    pub(crate) fn invariants(&self) {
+    fn invariants(&self) {
         #[cfg(debug_assertions)]
-        {
-            assert!(
-                self.sq.len() <= self.cfg.max_send_wr + 1,
-                "send queue over capacity"
-            );
-            // Assigned PSNs are consecutive along the send queue.
-            let mut prev: Option<Psn> = None;
-            for w in &self.sq {
-                match (prev, w.first_psn) {
-                    (Some(p), Some(f)) => {
-                        assert_eq!(f, p, "PSNs of consecutive WQEs must be contiguous");
-                        prev = Some(f.add(w.npkts));
-                    }
-                    (None, Some(f)) => prev = Some(f.add(w.npkts)),
-                    (_, None) => break,
-                }
-                assert!(w.read_pkts_done <= w.npkts);
-            }
-            if self.state == QpState::Err {
-                assert!(self.sq.is_empty(), "ERR holds no send WQE");
-                assert!(self.timers.next_timeout().is_none(), "ERR arms no timer");
-            }
-            if self.state == QpState::Reset {
-                assert!(self.sq.is_empty());
-            }
+        if let Err(e) = self.check_invariants() {
+            panic!("QP {:?} invariant broken: {e}", self.qpn);
         }
     }
+
+    /// The QP's invariants, checked after every input in debug builds: the send queue's
+    /// PSNs are contiguous and within capacity, ERR holds no send WQE and arms no timer and
+    /// queues nothing but its final NAK, RESET holds no send WQE, the requester's next PSN
+    /// never passes the highest sent.
+    ///
+    /// Not part of the API: exposed for the fuzz targets and property tests, which also
+    /// run in release.
+    ///
+    /// # Errors
+    /// A description of the first broken invariant.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), &'static str> {
+        if self.sq.len() > self.cfg.max_send_wr + 1 {
+            return Err("send queue over capacity");
+        }
+        self.sq.check()?;
+        if self.state == QpState::Err {
+            if !self.sq.is_empty() {
+                return Err("ERR holds no send WQE");
+            }
+            if self.timers.next_timeout().is_some() {
+                return Err("ERR arms no timer");
+            }
+        }
+        if self.state == QpState::Reset && !self.sq.is_empty() {
+            return Err("RESET holds no send WQE");
+        }
+        self.resp.check(self.state)?;
+        if self.cfg.qp_type != QpType::Ud {
+            self.req.check()?;
+        }
+        Ok(())
+    }
+}
+
+/// The engines one call may drive (the responder, or the requester with its completer).
+struct Engines<'a> {
+    req: &'a mut Requester,
+    comp: &'a mut Completer,
+    resp: &'a mut Responder,
 }
 
 /// rxe's create-time UDP source port hash: `hash_32(qpn, 14)`.

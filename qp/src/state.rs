@@ -147,7 +147,8 @@ pub struct QpAttr {
     pub state: QpState,
     /// Asserted current state (with `CUR_STATE`).
     pub cur_state: QpState,
-    /// Remote access the QP allows (REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC).
+    /// Remote access the QP allows (REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC, FLUSH_GLOBAL,
+    /// FLUSH_PERSISTENT).
     pub access_flags: Access,
     /// P_Key table index (the table holds only the default P_Key 0xFFFF at index 0).
     pub pkey_index: u16,
@@ -422,6 +423,8 @@ pub fn check_modify(
         && !Access::LOCAL_WRITE
             .union(Access::REMOTE)
             .union(Access::MW_BIND)
+            .union(Access::FLUSH_GLOBAL)
+            .union(Access::FLUSH_PERSISTENT)
             .contains(attr.access_flags)
     {
         return Err(ModifyError::BadValue("access_flags"));

@@ -596,6 +596,6 @@ fn connect(qp: &mut QueuePair, cfg: &PairConfig, dgid: Gid, dest: Qpn, rq_psn: P
     .expect("to RTS");
     if ud {
         // UD's path MTU comes from the port; the simulator uses the pair's.
-        qp.attr.path_mtu = cfg.mtu;
+        qp.set_port_mtu(cfg.mtu);
     }
 }

@@ -290,11 +290,87 @@ pub enum SendOp {
         /// The key to invalidate.
         key: u32,
     },
+    /// ATOMIC WRITE (IBTA 1.5 annex A19, `IBV_WR_ATOMIC_WRITE`): the WR's 8 bytes of data are
+    /// stored at once at an 8-byte aligned remote address. The responder needs REMOTE_WRITE
+    /// on the QP and the region; the response is an empty RDMA READ response.
+    AtomicWrite {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: RKey,
+    },
+    /// FLUSH (IBTA 1.5 annex A19, `ibv_wr_flush`): makes the earlier writes to a remote range
+    /// (or the whole region) globally visible or persistent before it completes. No data; the
+    /// responder needs the FLUSH_GLOBAL/FLUSH_PERSISTENT access the placement names.
+    Flush {
+        /// Remote address of the range (ignored for [`FlushLevel::Mr`]).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: RKey,
+        /// Length of the range.
+        len: u32,
+        /// Where the data must be placed.
+        placement: FlushPlacement,
+        /// A range or the whole region.
+        level: FlushLevel,
+    },
+}
+
+/// FLUSH placement types (`enum ibv_placement_type`), a set; the FETH's placement type field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlushPlacement(u8);
+
+impl FlushPlacement {
+    /// Global visibility (`IBV_FLUSH_GLOBAL`).
+    pub const GLOBAL: Self = Self(1 << 0);
+    /// Persistence (`IBV_FLUSH_PERSISTENT`).
+    pub const PERSISTENT: Self = Self(1 << 1);
+
+    /// From the 4-bit FETH field (upper bits ignored).
+    pub const fn from_bits(bits: u8) -> Self {
+        Self(bits & 0x0F)
+    }
+    /// The 4-bit field.
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+    /// Whether every type of `other` is in `self`.
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+    /// The union of two sets.
+    #[must_use]
+    pub const fn union(self, other: Self) -> Self {
+        Self(self.0 | other.0)
+    }
+}
+
+/// FLUSH selectivity level (`enum ibv_selectivity_level`); the FETH's selectivity field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FlushLevel {
+    /// The range `remote_addr .. + len` (`IBV_FLUSH_RANGE`).
+    Range = 0,
+    /// The whole memory region of the rkey (`IBV_FLUSH_MR`).
+    Mr = 1,
 }
 
 impl SendOp {
-    /// Whether the operation uses the RC read/atomic resources (limited by max_rd_atomic).
+    /// Whether the operation uses the RC read/atomic resources (limited by max_rd_atomic) and
+    /// completes on its response rather than on an ACK: READ, the atomics, ATOMIC WRITE and
+    /// FLUSH.
     pub const fn is_read_or_atomic(self) -> bool {
+        matches!(
+            self,
+            Self::RdmaRead { .. }
+                | Self::AtomicCmpAndSwp { .. }
+                | Self::AtomicFetchAndAdd { .. }
+                | Self::AtomicWrite { .. }
+                | Self::Flush { .. }
+        )
+    }
+    /// Whether the responder's data comes back into the WR's buffer (READ, compare and swap,
+    /// fetch and add): such a WR takes no inline data.
+    pub const fn returns_data(self) -> bool {
         matches!(
             self,
             Self::RdmaRead { .. } | Self::AtomicCmpAndSwp { .. } | Self::AtomicFetchAndAdd { .. }
@@ -316,6 +392,8 @@ impl SendOp {
             Self::AtomicCmpAndSwp { .. } => WcOpcode::CompSwap,
             Self::AtomicFetchAndAdd { .. } => WcOpcode::FetchAdd,
             Self::LocalInv { .. } => WcOpcode::LocalInv,
+            Self::AtomicWrite { .. } => WcOpcode::AtomicWrite,
+            Self::Flush { .. } => WcOpcode::Flush,
         }
     }
 }
@@ -419,6 +497,10 @@ pub enum WcOpcode {
     FetchAdd,
     /// A local invalidate completed.
     LocalInv,
+    /// A FLUSH completed (`IBV_WC_FLUSH` = 8).
+    Flush,
+    /// An ATOMIC WRITE completed (`IBV_WC_ATOMIC_WRITE` = 9).
+    AtomicWrite,
     /// A receive completed (incoming SEND).
     Recv,
     /// A receive consumed by an RDMA WRITE with immediate.

@@ -134,6 +134,12 @@ impl ExtHeaders {
         Self(self.0 | other.0)
     }
 
+    /// The headers in both sets.
+    #[must_use]
+    pub const fn intersection(self, other: Self) -> Self {
+        Self(self.0 & other.0)
+    }
+
     /// Whether every header of `other` is in `self`.
     pub const fn contains(self, other: Self) -> bool {
         self.0 & other.0 == other.0
@@ -374,6 +380,32 @@ impl Opcode {
         Transport::of(self.as_u8())
     }
 
+    /// Looks a request opcode up in the table: the one of `transport` for `operation` at
+    /// `position` whose optional trailer (immediate data or invalidate rkey) is exactly
+    /// `trailer` (`ExtHeaders::NONE`, `IMMDT` or `IETH`). `None` if the table has no such
+    /// opcode (e.g. a SEND FIRST with immediate, a READ on UC, an atomic on UD). Responses
+    /// (ACK, READ response, atomic ACK) are never returned.
+    ///
+    /// Requesters build their opcodes here rather than from code arithmetic, so the table stays
+    /// the one source of opcode facts.
+    pub fn request(
+        transport: Transport,
+        operation: Operation,
+        position: Position,
+        trailer: ExtHeaders,
+    ) -> Option<Self> {
+        const TRAILERS: ExtHeaders = ExtHeaders::IMMDT.with(ExtHeaders::IETH);
+        Self::ALL.iter().copied().find(|op| {
+            op.transport() == transport
+                && op.info().is_some_and(|info| {
+                    !info.is_response()
+                        && info.operation == operation
+                        && info.position == position
+                        && info.ext.intersection(TRAILERS) == trailer
+                })
+        })
+    }
+
     /// The name (`RC_SEND_ONLY`), or `UNKNOWN` for codes outside the table.
     pub const fn name(self) -> &'static str {
         match self.info() {
@@ -454,6 +486,79 @@ mod tests {
         }
         assert_eq!(Opcode::from_u8(0x40).transport(), Transport::Rd);
         assert_eq!(format!("{}", Opcode::from_u8(0x15)), "UNKNOWN(0x15)");
+    }
+
+    #[test]
+    fn request_lookup_finds_every_request_opcode_of_the_table() {
+        const TRAILERS: ExtHeaders = ExtHeaders::IMMDT.with(ExtHeaders::IETH);
+        let mut found = 0;
+        for &op in Opcode::ALL {
+            let info = op.info().expect("in table");
+            if info.is_response() || info.operation == Operation::Cnp {
+                continue;
+            }
+            let trailer = info.ext.intersection(TRAILERS);
+            assert_eq!(
+                Opcode::request(op.transport(), info.operation, info.position, trailer),
+                Some(op),
+                "{}",
+                info.name
+            );
+            found += 1;
+        }
+        // 19 RC requests (0x00-0x0C, 0x13, 0x14, 0x16, 0x17, 0x1C, 0x1D), 12 UC, 2 UD.
+        assert_eq!(found, 19 + 12 + 2);
+        // Combinations the table does not have.
+        let none = [
+            (
+                Transport::Rc,
+                Operation::Send,
+                Position::First,
+                ExtHeaders::IMMDT,
+            ),
+            (
+                Transport::Rc,
+                Operation::Write,
+                Position::Last,
+                ExtHeaders::IETH,
+            ),
+            (
+                Transport::Uc,
+                Operation::ReadRequest,
+                Position::Only,
+                ExtHeaders::NONE,
+            ),
+            (
+                Transport::Uc,
+                Operation::Send,
+                Position::Only,
+                ExtHeaders::IETH,
+            ),
+            (
+                Transport::Ud,
+                Operation::FetchAdd,
+                Position::Only,
+                ExtHeaders::NONE,
+            ),
+            (
+                Transport::Rc,
+                Operation::Acknowledge,
+                Position::Only,
+                ExtHeaders::NONE,
+            ),
+        ];
+        for (t, o, p, x) in none {
+            assert_eq!(Opcode::request(t, o, p, x), None, "{t:?} {o:?} {p:?} {x:?}");
+        }
+        assert_eq!(
+            Opcode::request(
+                Transport::Uc,
+                Operation::Write,
+                Position::Only,
+                ExtHeaders::IMMDT
+            ),
+            Some(Opcode::UcRdmaWriteOnlyWithImmediate)
+        );
     }
 
     #[test]

@@ -70,6 +70,22 @@ impl Psn {
         self.diff(other) < 0
     }
 
+    /// `self` lies in the half-open window `lo..hi`: at or after `lo` and before `hi`, each
+    /// compared within the half window (the one PSN-window test of the RC state machines:
+    /// "outstanding", "acknowledged", "inside this WQE").
+    ///
+    /// For `hi = lo + n` with `n` below 2^23 this is `(self - lo) mod 2^24 < n`; an empty window
+    /// (`hi == lo`) holds nothing.
+    pub const fn in_window(self, lo: Self, hi: Self) -> bool {
+        self.diff(lo) >= 0 && self.diff(hi) < 0
+    }
+
+    /// `self` lies in the closed window `first..=last`: at or after `first` and at or before
+    /// `last` (the PSNs of one message or one READ), each compared within the half window.
+    pub const fn in_closed_window(self, first: Self, last: Self) -> bool {
+        self.diff(first) >= 0 && self.diff(last) <= 0
+    }
+
     /// Compare within the half window (not a total order: see the type docs).
     pub const fn cmp_window(self, other: Self) -> core::cmp::Ordering {
         let d = self.diff(other);
@@ -328,6 +344,24 @@ mod tests {
             }
             // Antisymmetry within the window.
             prop_assert_eq!(p.add(n).cmp_window(p), p.cmp_window(p.add(n)).reverse());
+        }
+
+        #[test]
+        fn psn_window_laws(a in 0u32..=Psn::MAX, n in 0u32..(1 << 22), k in 0u32..(1 << 23)) {
+            let lo = Psn::new(a);
+            let hi = lo.add(n);
+            let p = lo.add(k);
+            // Below half a window, membership is the modular distance from `lo`.
+            prop_assert_eq!(p.in_window(lo, hi), k < n);
+            // The closed window of first..=last is the half-open one up to last + 1.
+            prop_assert_eq!(p.in_closed_window(lo, hi), k <= n);
+            prop_assert_eq!(p.in_closed_window(lo, hi), p.in_window(lo, hi.next()));
+            // The definition: at or after lo, before hi.
+            prop_assert_eq!(p.in_window(lo, hi), !p.is_before(lo) && p.is_before(hi));
+            // An empty window holds nothing; a one-PSN window holds exactly its PSN.
+            prop_assert!(!p.in_window(lo, lo));
+            prop_assert_eq!(p.in_window(lo, lo.next()), p == lo);
+            prop_assert_eq!(p.in_closed_window(lo, lo), p == lo);
         }
 
         #[test]

@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use roce_fuzz::{seeds, wire_parse, wire_roundtrip};
+use roce_fuzz::{qp_requester, qp_responder, seeds, wire_parse, wire_roundtrip};
 
 /// A fuzz target: its name and body.
 #[derive(Clone, Copy)]
@@ -34,7 +34,7 @@ struct Target {
     run: fn(&[u8]),
 }
 
-const TARGETS: [Target; 2] = [
+const TARGETS: [Target; 4] = [
     Target {
         name: "wire_parse",
         run: wire_parse,
@@ -43,12 +43,21 @@ const TARGETS: [Target; 2] = [
         name: "wire_roundtrip",
         run: wire_roundtrip,
     },
+    Target {
+        name: "qp_responder",
+        run: qp_responder,
+    },
+    Target {
+        name: "qp_requester",
+        run: qp_requester,
+    },
 ];
 
 /// Longest input the mutator produces (a jumbo frame).
 const MAX_LEN: usize = 9_216;
 
-const USAGE: &str = "usage: roce-fuzz-stable [--target wire_parse|wire_roundtrip|all] \
+const USAGE: &str =
+    "usage: roce-fuzz-stable [--target wire_parse|wire_roundtrip|qp_responder|qp_requester|all] \
 [--seconds N] [--seed N] [--iteration N] [--input HEX] [--write-corpus DIR]";
 
 struct Args {

@@ -21,38 +21,77 @@
 use roce_wire::aeth::{rnr_timer_ns, NakCode, Syndrome};
 use roce_wire::{Opcode, PacketRepr, Psn};
 
-use crate::qp::QueuePair;
+use super::requester::{ack_timeout_ns, Requester};
+use crate::ctx::QpCtx;
+use crate::state::QpAttr;
 use crate::time::Instant;
 use crate::timer::Timer;
 use crate::verbs::{SendData, SendOp, WcStatus};
 
-impl QueuePair {
-    pub(crate) fn rc_handle_response(&mut self, now: Instant, packet: &PacketRepr<'_>) {
+/// Completer state (rxe `struct rxe_comp_info`): what is acknowledged and the retry budgets.
+///
+/// Invariants: `retry_left <= retry_cnt` and `rnr_retry_left <= rnr_retry` of the attributes
+/// they were loaded from; both are reloaded on progress (a consecutive-failure budget).
+#[derive(Debug, Default)]
+pub(crate) struct Completer {
+    /// Last PSN acknowledged (cumulative).
+    acked_psn: Psn,
+    /// Retries left for timeouts and sequence NAKs.
+    retry_left: u8,
+    /// Retries left for RNR NAKs (7 = infinite).
+    rnr_retry_left: u8,
+}
+
+impl Completer {
+    /// A new send PSN: nothing before it is outstanding.
+    pub(crate) fn reset(&mut self, sq_psn: Psn) {
+        self.acked_psn = sq_psn.sub(1);
+    }
+
+    /// Reloads both retry budgets from the attributes.
+    pub(crate) fn reload_retries(&mut self, attr: &QpAttr) {
+        self.retry_left = attr.retry_cnt;
+        self.rnr_retry_left = attr.rnr_retry;
+    }
+
+    /// The last cumulatively acknowledged PSN.
+    pub(crate) fn acked_psn(&self) -> Psn {
+        self.acked_psn
+    }
+
+    /// Handles a response to one of our requests (ACK/NAK, READ response, atomic ACK).
+    pub(crate) fn on_response(
+        &mut self,
+        req: &mut Requester,
+        cx: &mut QpCtx<'_>,
+        now: Instant,
+        packet: &PacketRepr<'_>,
+    ) {
         let psn = packet.bth.psn;
         match packet.bth.opcode {
             Opcode::RcAcknowledge => {
                 let Some(aeth) = packet.ext.aeth else { return };
                 match aeth.syndrome {
-                    Syndrome::Ack { .. } => self.on_ack(now, psn),
-                    Syndrome::RnrNak { timer } => self.on_rnr_nak(now, psn, timer),
-                    Syndrome::Nak(NakCode::PsnSequenceError) => self.on_seq_nak(psn),
-                    Syndrome::Nak(code) => self.on_fatal_nak(psn, code),
-                    Syndrome::Reserved(_) => self.stats.drop_opcode += 1,
+                    Syndrome::Ack { .. } => self.on_ack(req, cx, now, psn),
+                    Syndrome::RnrNak { timer } => self.on_rnr_nak(req, cx, now, psn, timer),
+                    Syndrome::Nak(NakCode::PsnSequenceError) => self.on_seq_nak(req, cx, psn),
+                    Syndrome::Nak(code) => self.on_fatal_nak(req, cx, psn, code),
+                    Syndrome::Reserved(_) => cx.stats.drop_opcode += 1,
                 }
             }
-            Opcode::RcAtomicAcknowledge => self.on_atomic_ack(now, packet),
+            Opcode::RcAtomicAcknowledge => self.on_atomic_ack(req, cx, now, packet),
             Opcode::RcRdmaReadResponseFirst
             | Opcode::RcRdmaReadResponseMiddle
             | Opcode::RcRdmaReadResponseLast
-            | Opcode::RcRdmaReadResponseOnly => self.on_read_response(now, packet),
-            _ => self.stats.drop_opcode += 1,
+            | Opcode::RcRdmaReadResponseOnly => self.on_read_response(req, cx, now, packet),
+            _ => cx.stats.drop_opcode += 1,
         }
     }
 
     /// Whether `psn` lies in the window of sent-but-unacknowledged PSNs.
-    fn psn_outstanding(&self, psn: Psn) -> bool {
-        match self.una_psn() {
-            Some(una) => psn.diff(una) >= 0 && psn.diff(self.req.high_psn) < 0,
+    fn psn_outstanding(&self, req: &Requester, cx: &QpCtx<'_>, psn: Psn) -> bool {
+        match cx.sq.una_psn(self.acked_psn) {
+            Some(una) => psn.in_window(una, req.high_psn()),
             None => false,
         }
     }
@@ -60,26 +99,26 @@ impl QueuePair {
     /// Cumulative acknowledgement of every PSN <= `psn`: completes covered SEND/WRITE WQEs.
     /// Returns false if a READ/atomic before `psn` is still unanswered (its response was
     /// lost; the caller retries).
-    fn ack_through(&mut self, psn: Psn) -> bool {
-        if psn.diff(self.req.acked_psn) > 0 {
-            self.req.acked_psn = psn;
+    fn ack_through(&mut self, cx: &mut QpCtx<'_>, psn: Psn) -> bool {
+        if psn.is_after(self.acked_psn) {
+            self.acked_psn = psn;
         }
-        while let Some(w) = self.sq.front() {
+        while let Some(w) = cx.sq.front() {
             let (Some(first), Some(last)) = (w.first_psn, w.last_psn()) else {
                 break;
             };
-            if !w.all_sent && last.diff(psn) <= 0 {
+            if !w.all_sent && !last.is_after(psn) {
                 // Packets of it were never sent yet can be acknowledged: impossible; stop.
                 break;
             }
             if w.wr.op.is_read_or_atomic() {
-                if first.diff(psn) <= 0 {
+                if !first.is_after(psn) {
                     return false;
                 }
                 break;
             }
-            if last.diff(psn) <= 0 {
-                self.complete_front(WcStatus::Success);
+            if !last.is_after(psn) {
+                cx.complete_front(WcStatus::Success);
             } else {
                 break;
             }
@@ -87,13 +126,12 @@ impl QueuePair {
         true
     }
 
-    fn progress_made(&mut self, now: Instant) {
-        self.req.retry_left = self.attr.retry_cnt;
-        self.req.rnr_retry_left = self.attr.rnr_retry;
-        self.timers.stop(Timer::AckTimeout);
-        if self.has_outstanding() {
-            if let Some(ns) = super::requester::ack_timeout_ns(self.attr.timeout) {
-                self.timers.set(
+    fn progress_made(&mut self, req: &Requester, cx: &mut QpCtx<'_>, now: Instant) {
+        self.reload_retries(cx.attr);
+        cx.timers.stop(Timer::AckTimeout);
+        if req.has_outstanding(cx.sq, self.acked_psn) {
+            if let Some(ns) = ack_timeout_ns(cx.attr.timeout) {
+                cx.timers.set(
                     Timer::AckTimeout,
                     Instant::from_nanos(now.as_nanos().saturating_add(ns)),
                 );
@@ -101,108 +139,131 @@ impl QueuePair {
         }
     }
 
-    fn on_ack(&mut self, now: Instant, psn: Psn) {
-        if !self.psn_outstanding(psn) {
-            // Duplicate or stale ACK.
-            self.stats.drop_psn += 1;
-            return;
-        }
-        let before = self.req.acked_psn;
-        if !self.ack_through(psn) {
-            // An ACK beyond an unanswered READ/atomic: its response was lost. Retry it.
-            if let Some(una) = self.una_psn() {
-                self.go_back(una);
-            }
-        }
-        if self.req.acked_psn != before {
-            self.progress_made(now);
+    /// Retries from the oldest unacknowledged PSN, if any.
+    fn retry_from_una(&self, req: &mut Requester, cx: &mut QpCtx<'_>) {
+        if let Some(una) = cx.sq.una_psn(self.acked_psn) {
+            req.go_back(cx.sq, una);
         }
     }
 
-    fn on_seq_nak(&mut self, psn: Psn) {
-        self.stats.seq_naks_received += 1;
-        if !self.psn_outstanding(psn) {
-            self.stats.drop_psn += 1;
+    fn on_ack(&mut self, req: &mut Requester, cx: &mut QpCtx<'_>, now: Instant, psn: Psn) {
+        if !self.psn_outstanding(req, cx, psn) {
+            // Duplicate or stale ACK.
+            cx.stats.drop_psn += 1;
             return;
         }
-        let before = self.req.acked_psn;
-        self.ack_through(psn.sub(1));
-        if self.req.acked_psn != before {
+        let before = self.acked_psn;
+        if !self.ack_through(cx, psn) {
+            // An ACK beyond an unanswered READ/atomic: its response was lost. Retry it.
+            self.retry_from_una(req, cx);
+        }
+        if self.acked_psn != before {
+            self.progress_made(req, cx, now);
+        }
+    }
+
+    fn on_seq_nak(&mut self, req: &mut Requester, cx: &mut QpCtx<'_>, psn: Psn) {
+        cx.stats.seq_naks_received += 1;
+        if !self.psn_outstanding(req, cx, psn) {
+            cx.stats.drop_psn += 1;
+            return;
+        }
+        let before = self.acked_psn;
+        self.ack_through(cx, psn.sub(1));
+        if self.acked_psn != before {
             // The NAK acknowledged new packets: that is progress, and the retry budget counts
             // consecutive failures only (rxe resets it when a WQE completes).
-            self.req.retry_left = self.attr.retry_cnt;
-            self.req.rnr_retry_left = self.attr.rnr_retry;
+            self.reload_retries(cx.attr);
         }
-        if self.req.retry_left == 0 {
-            self.fail_front(WcStatus::RetryExcErr);
+        if self.retry_left == 0 {
+            cx.fail_front(WcStatus::RetryExcErr);
             return;
         }
-        self.req.retry_left -= 1;
-        let resume = self.una_psn().unwrap_or(psn);
-        self.go_back(resume);
-        self.timers.stop(Timer::AckTimeout);
+        self.retry_left -= 1;
+        let resume = cx.sq.una_psn(self.acked_psn).unwrap_or(psn);
+        req.go_back(cx.sq, resume);
+        cx.timers.stop(Timer::AckTimeout);
     }
 
-    fn on_rnr_nak(&mut self, now: Instant, psn: Psn, timer: u8) {
-        self.stats.rnr_naks_received += 1;
-        if !self.psn_outstanding(psn) {
-            self.stats.drop_psn += 1;
+    fn on_rnr_nak(
+        &mut self,
+        req: &mut Requester,
+        cx: &mut QpCtx<'_>,
+        now: Instant,
+        psn: Psn,
+        timer: u8,
+    ) {
+        cx.stats.rnr_naks_received += 1;
+        if !self.psn_outstanding(req, cx, psn) {
+            cx.stats.drop_psn += 1;
             return;
         }
-        self.ack_through(psn.sub(1));
-        if self.req.rnr_retry_left == 0 {
-            self.fail_front(WcStatus::RnrRetryExcErr);
+        self.ack_through(cx, psn.sub(1));
+        if self.rnr_retry_left == 0 {
+            cx.fail_front(WcStatus::RnrRetryExcErr);
             return;
         }
-        if self.attr.rnr_retry != 7 {
-            self.req.rnr_retry_left -= 1;
+        if cx.attr.rnr_retry != 7 {
+            self.rnr_retry_left -= 1;
         }
-        self.go_back(psn);
-        self.req.rnr_wait = true;
-        self.timers.stop(Timer::AckTimeout);
-        self.timers.set(
+        req.go_back(cx.sq, psn);
+        req.wait_rnr();
+        cx.timers.stop(Timer::AckTimeout);
+        cx.timers.set(
             Timer::Rnr,
             Instant::from_nanos(now.as_nanos().saturating_add(rnr_timer_ns(timer))),
         );
     }
 
-    fn on_fatal_nak(&mut self, psn: Psn, code: NakCode) {
-        self.stats.nak_received(code);
-        if !self.psn_outstanding(psn) {
-            self.stats.drop_psn += 1;
+    fn on_fatal_nak(&mut self, req: &Requester, cx: &mut QpCtx<'_>, psn: Psn, code: NakCode) {
+        cx.stats.nak_received(code);
+        if !self.psn_outstanding(req, cx, psn) {
+            cx.stats.drop_psn += 1;
             return;
         }
-        self.ack_through(psn.sub(1));
+        self.ack_through(cx, psn.sub(1));
         let status = match code {
             NakCode::InvalidRequest => WcStatus::RemInvReqErr,
             NakCode::RemoteAccessError => WcStatus::RemAccessErr,
             NakCode::InvalidRdRequest => WcStatus::RemInvRdReqErr,
             _ => WcStatus::RemOpErr,
         };
-        self.fail_front(status);
+        cx.fail_front(status);
     }
 
-    fn on_read_response(&mut self, now: Instant, packet: &PacketRepr<'_>) {
+    fn on_read_response(
+        &mut self,
+        req: &mut Requester,
+        cx: &mut QpCtx<'_>,
+        now: Instant,
+        packet: &PacketRepr<'_>,
+    ) {
         let psn = packet.bth.psn;
-        let mtu = self.attr.path_mtu.bytes();
-        let Some(w) = self.sq.front() else {
-            self.stats.drop_psn += 1;
+        let mtu = cx.attr.path_mtu.bytes();
+        let Some(w) = cx.sq.front() else {
+            cx.stats.drop_psn += 1;
             return;
         };
+        if let (SendOp::AtomicWrite { .. } | SendOp::Flush { .. }, Some(first)) =
+            (w.wr.op, w.first_psn)
+        {
+            self.on_empty_read_response(req, cx, now, packet, first);
+            return;
+        }
         let (SendOp::RdmaRead { .. }, Some(first)) = (w.wr.op, w.first_psn) else {
             // A response that does not belong to the oldest WQE: maybe an old duplicate; the
             // AETH of FIRST/LAST/ONLY still acknowledges what precedes it.
-            if packet.ext.aeth.is_some() && self.psn_outstanding(psn) {
-                self.on_ack(now, psn);
+            if packet.ext.aeth.is_some() && self.psn_outstanding(req, cx, psn) {
+                self.on_ack(req, cx, now, psn);
             } else {
-                self.stats.drop_psn += 1;
+                cx.stats.drop_psn += 1;
             }
             return;
         };
         let expected = first.add(w.read_pkts_done);
         if psn != expected {
             // Duplicate (before) or a gap (after): drop; a gap is repaired by the timeout.
-            self.stats.drop_psn += 1;
+            cx.stats.drop_psn += 1;
             return;
         }
         let offset = w.read_pkts_done as u64 * mtu as u64;
@@ -225,90 +286,124 @@ impl QueuePair {
                 Opcode::RcRdmaReadResponseMiddle | Opcode::RcRdmaReadResponseLast
             );
         if !len_ok || middle_first {
-            self.stats.drop_length += 1;
-            self.fail_front(WcStatus::BadRespErr);
+            cx.stats.drop_length += 1;
+            cx.fail_front(WcStatus::BadRespErr);
             return;
         }
         let SendData::Sges(sges) = &w.wr.data else {
-            self.fail_front(WcStatus::LocQpOpErr);
+            cx.fail_front(WcStatus::LocQpOpErr);
             return;
         };
-        if let Err(status) = self.mem.scatter(sges, offset, packet.payload) {
-            self.fail_front(status);
+        if let Err(status) = cx.mem.scatter(sges, offset, packet.payload) {
+            cx.fail_front(status);
             return;
         }
         // INVARIANT: front exists: checked above and nothing removed it.
-        let w = self.sq.front_mut().expect("front READ WQE");
+        let w = cx.sq.front_mut().expect("front READ WQE");
         w.read_pkts_done += 1;
-        if psn.diff(self.req.acked_psn) > 0 {
-            self.req.acked_psn = psn;
+        if psn.is_after(self.acked_psn) {
+            self.acked_psn = psn;
         }
         if is_last {
-            self.complete_front(WcStatus::Success);
-            self.complete_covered();
+            cx.complete_front(WcStatus::Success);
+            self.complete_covered(req, cx);
         }
-        self.progress_made(now);
+        self.progress_made(req, cx, now);
     }
 
-    fn on_atomic_ack(&mut self, now: Instant, packet: &PacketRepr<'_>) {
+    /// The response to an ATOMIC WRITE or FLUSH at the front: an RDMA READ response ONLY with
+    /// no payload at the WR's PSN (IBTA 1.5 A19; rxe `send_read_response_ack`).
+    fn on_empty_read_response(
+        &mut self,
+        req: &mut Requester,
+        cx: &mut QpCtx<'_>,
+        now: Instant,
+        packet: &PacketRepr<'_>,
+        first: Psn,
+    ) {
         let psn = packet.bth.psn;
-        let (Some(w), Some(ack)) = (self.sq.front(), packet.ext.atomic_ack_eth) else {
-            self.stats.drop_psn += 1;
+        let all_sent = cx.sq.front().is_some_and(|w| w.all_sent);
+        if psn != first || !all_sent {
+            // A duplicate, or a response to something else: the ACK part of its AETH still
+            // acknowledges what precedes it, as for any READ response out of place.
+            if packet.ext.aeth.is_some() && self.psn_outstanding(req, cx, psn) && psn != first {
+                self.on_ack(req, cx, now, psn);
+            } else {
+                cx.stats.drop_psn += 1;
+            }
+            return;
+        }
+        if packet.bth.opcode != Opcode::RcRdmaReadResponseOnly || !packet.payload.is_empty() {
+            cx.stats.drop_length += 1;
+            cx.fail_front(WcStatus::BadRespErr);
+            return;
+        }
+        if let Some(w) = cx.sq.front_mut() {
+            w.read_pkts_done = 1;
+        }
+        if psn.is_after(self.acked_psn) {
+            self.acked_psn = psn;
+        }
+        cx.complete_front(WcStatus::Success);
+        self.complete_covered(req, cx);
+        self.progress_made(req, cx, now);
+    }
+
+    fn on_atomic_ack(
+        &mut self,
+        req: &mut Requester,
+        cx: &mut QpCtx<'_>,
+        now: Instant,
+        packet: &PacketRepr<'_>,
+    ) {
+        let psn = packet.bth.psn;
+        let (Some(w), Some(ack)) = (cx.sq.front(), packet.ext.atomic_ack_eth) else {
+            cx.stats.drop_psn += 1;
             return;
         };
         if !w.wr.op.is_atomic() || w.first_psn != Some(psn) || !w.all_sent {
-            self.stats.drop_psn += 1;
+            cx.stats.drop_psn += 1;
             return;
         }
         let SendData::Sges(sges) = &w.wr.data else {
-            self.fail_front(WcStatus::LocQpOpErr);
+            cx.fail_front(WcStatus::LocQpOpErr);
             return;
         };
         // The original value lands in host byte order, as verbs hands it to applications.
-        if let Err(status) = self.mem.scatter(sges, 0, &ack.orig.to_ne_bytes()) {
-            self.fail_front(status);
+        if let Err(status) = cx.mem.scatter(sges, 0, &ack.orig.to_ne_bytes()) {
+            cx.fail_front(status);
             return;
         }
         // INVARIANT: front exists: checked above.
-        self.sq
-            .front_mut()
-            .expect("front atomic WQE")
-            .read_pkts_done = 1;
-        if psn.diff(self.req.acked_psn) > 0 {
-            self.req.acked_psn = psn;
+        cx.sq.front_mut().expect("front atomic WQE").read_pkts_done = 1;
+        if psn.is_after(self.acked_psn) {
+            self.acked_psn = psn;
         }
-        self.complete_front(WcStatus::Success);
-        self.complete_covered();
-        self.progress_made(now);
+        cx.complete_front(WcStatus::Success);
+        self.complete_covered(req, cx);
+        self.progress_made(req, cx, now);
     }
 
     /// After a READ or atomic completed: WQEs behind it that an earlier (reordered) ACK
     /// already covered complete now; a READ/atomic behind it that the ACK covered lost its
     /// response and is retried.
-    fn complete_covered(&mut self) {
-        if !self.ack_through(self.req.acked_psn) {
-            if let Some(una) = self.una_psn() {
-                self.go_back(una);
-            }
+    fn complete_covered(&mut self, req: &mut Requester, cx: &mut QpCtx<'_>) {
+        if !self.ack_through(cx, self.acked_psn) {
+            self.retry_from_una(req, cx);
         }
     }
 
-    pub(crate) fn ack_timer_fired(&mut self) {
-        if !self.has_outstanding() {
+    /// The ACK timer fired: go back to the oldest unacknowledged PSN, or give up.
+    pub(crate) fn ack_timer_fired(&mut self, req: &mut Requester, cx: &mut QpCtx<'_>) {
+        if !req.has_outstanding(cx.sq, self.acked_psn) {
             return;
         }
-        self.stats.timeouts += 1;
-        if self.req.retry_left == 0 {
-            self.fail_front(WcStatus::RetryExcErr);
+        cx.stats.timeouts += 1;
+        if self.retry_left == 0 {
+            cx.fail_front(WcStatus::RetryExcErr);
             return;
         }
-        self.req.retry_left -= 1;
-        if let Some(una) = self.una_psn() {
-            self.go_back(una);
-        }
-    }
-
-    pub(crate) fn rnr_timer_fired(&mut self, _now: Instant) {
-        self.req.rnr_wait = false;
+        self.retry_left -= 1;
+        self.retry_from_una(req, cx);
     }
 }

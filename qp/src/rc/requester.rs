@@ -14,55 +14,70 @@
 //!   restarting a partially acknowledged message at the packet for p and re-requesting only
 //!   the missing part of a READ (rxe `req_retry`).
 
-use roce_wire::{atomic_eth, bth, ieth, immdt, reth, Ext, Opcode, Psn};
+use roce_wire::opcode::{ExtHeaders, Operation, Position, Transport};
+use roce_wire::{atomic_eth, bth, feth, ieth, immdt, reth, Ext, Opcode, Psn};
 
 use super::emit_in_place;
-use crate::qp::{QueuePair, SendWqe};
+use crate::ctx::QpCtx;
 use crate::time::Instant;
 use crate::timer::Timer;
-use crate::verbs::{QpType, SendData, SendOp, WcStatus};
+use crate::verbs::{QpState, QpType, SendData, SendOp, WcStatus};
+use crate::wq::SendQueue;
 
-/// Requester state.
+/// Requester state (rxe `struct rxe_req_info`): where transmission stands in PSN space. The
+/// transmit cursor (which WQE, which packet) is the send queue's ([`SendQueue`]).
 #[derive(Debug, Default)]
 pub(crate) struct Requester {
     /// PSN of the next packet to send.
-    pub(crate) next_psn: Psn,
+    next_psn: Psn,
     /// Highest PSN ever assigned + 1: packets before it are retransmissions.
-    pub(crate) high_psn: Psn,
-    /// Index in the send queue of the WQE being sent.
-    pub(crate) cur: usize,
-    /// Packet index inside that WQE.
-    pub(crate) cur_pkt: u32,
-    /// Last PSN acknowledged (cumulative).
-    pub(crate) acked_psn: Psn,
-    /// Retries left for timeouts and sequence NAKs.
-    pub(crate) retry_left: u8,
-    /// Retries left for RNR NAKs (7 = infinite).
-    pub(crate) rnr_retry_left: u8,
+    high_psn: Psn,
     /// Packets since the last AckReq.
-    pub(crate) since_ack_req: u32,
+    since_ack_req: u32,
     /// Waiting for the RNR timer: send nothing.
-    pub(crate) rnr_wait: bool,
+    rnr_wait: bool,
 }
 
 impl Requester {
     pub(crate) fn reset(&mut self, sq_psn: Psn) {
         self.next_psn = sq_psn;
         self.high_psn = sq_psn;
-        self.acked_psn = sq_psn.sub(1);
-        self.cur = 0;
-        self.cur_pkt = 0;
         self.rnr_wait = false;
         self.since_ack_req = 0;
     }
 
-    /// The front WQE left the send queue.
-    pub(crate) fn front_removed(&mut self, _w: &SendWqe) {
-        if self.cur > 0 {
-            self.cur -= 1;
-        } else {
-            self.cur_pkt = 0;
+    /// Highest PSN ever sent + 1.
+    pub(crate) fn high_psn(&self) -> Psn {
+        self.high_psn
+    }
+
+    /// After an RNR NAK: send nothing until [`Self::rnr_timer_fired`].
+    pub(crate) fn wait_rnr(&mut self) {
+        self.rnr_wait = true;
+    }
+
+    /// The RNR wait is over: transmission resumes (from where go-back-N put the cursor).
+    pub(crate) fn rnr_timer_fired(&mut self) {
+        self.rnr_wait = false;
+    }
+
+    /// UD: the PSN of the next datagram (UD has no acknowledgement and no window).
+    pub(crate) fn ud_psn(&self) -> Psn {
+        self.next_psn
+    }
+
+    /// UD: a datagram went out with [`Self::ud_psn`].
+    pub(crate) fn ud_sent(&mut self) {
+        self.next_psn = self.next_psn.next();
+    }
+
+    /// Checks the requester's invariants (RC/UC): the next PSN never passes the highest
+    /// sent.
+    pub(crate) fn check(&self) -> Result<(), &'static str> {
+        if self.next_psn.is_after(self.high_psn) {
+            return Err("requester next PSN after the highest PSN sent");
         }
+        Ok(())
     }
 }
 
@@ -71,140 +86,146 @@ pub(crate) fn ack_timeout_ns(timeout: u8) -> Option<u64> {
     (timeout != 0).then(|| 4_096u64 << timeout.min(31))
 }
 
-fn opcode_for(op: SendOp, first: bool, last: bool, uc: bool) -> Opcode {
-    let base: u8 = match (op, first, last) {
-        (SendOp::Send, true, true) => 0x04,
-        (SendOp::SendWithImm { .. }, true, true) => 0x05,
-        (SendOp::SendWithInv { .. }, true, true) => 0x17,
-        (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, true, false) => {
-            0x00
-        }
-        (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, false, false) => {
-            0x01
-        }
-        (SendOp::Send, false, true) => 0x02,
-        (SendOp::SendWithImm { .. }, false, true) => 0x03,
-        (SendOp::SendWithInv { .. }, false, true) => 0x16,
-        (SendOp::RdmaWrite { .. }, true, true) => 0x0A,
-        (SendOp::RdmaWriteWithImm { .. }, true, true) => 0x0B,
-        (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, true, false) => 0x06,
-        (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, false, false) => 0x07,
-        (SendOp::RdmaWrite { .. }, false, true) => 0x08,
-        (SendOp::RdmaWriteWithImm { .. }, false, true) => 0x09,
-        (SendOp::RdmaRead { .. }, ..) => 0x0C,
-        (SendOp::AtomicCmpAndSwp { .. }, ..) => 0x13,
-        (SendOp::AtomicFetchAndAdd { .. }, ..) => 0x14,
-        (SendOp::LocalInv { .. }, ..) => 0x15,
+/// The request opcode of packet `first`/`last` of a WR, from wire's opcode table. `None` for
+/// an operation that sends no packet (LOCAL_INV) or that the transport lacks.
+fn opcode_for(op: SendOp, first: bool, last: bool, uc: bool) -> Option<Opcode> {
+    let position = match (first, last) {
+        (true, true) => Position::Only,
+        (true, false) => Position::First,
+        (false, false) => Position::Middle,
+        (false, true) => Position::Last,
     };
-    Opcode::from_u8(if uc { base + 0x20 } else { base })
+    // Immediate data and the invalidate rkey ride on the last (or only) packet.
+    let at_end = |h: ExtHeaders| if last { h } else { ExtHeaders::NONE };
+    let (operation, position, trailer) = match op {
+        SendOp::Send => (Operation::Send, position, ExtHeaders::NONE),
+        SendOp::SendWithImm { .. } => (Operation::Send, position, at_end(ExtHeaders::IMMDT)),
+        SendOp::SendWithInv { .. } => (Operation::Send, position, at_end(ExtHeaders::IETH)),
+        SendOp::RdmaWrite { .. } => (Operation::Write, position, ExtHeaders::NONE),
+        SendOp::RdmaWriteWithImm { .. } => (Operation::Write, position, at_end(ExtHeaders::IMMDT)),
+        SendOp::RdmaRead { .. } => (Operation::ReadRequest, Position::Only, ExtHeaders::NONE),
+        SendOp::AtomicCmpAndSwp { .. } => {
+            (Operation::CompareSwap, Position::Only, ExtHeaders::NONE)
+        }
+        SendOp::AtomicFetchAndAdd { .. } => (Operation::FetchAdd, Position::Only, ExtHeaders::NONE),
+        SendOp::AtomicWrite { .. } => (Operation::AtomicWrite, Position::Only, ExtHeaders::NONE),
+        SendOp::Flush { .. } => (Operation::Flush, Position::Only, ExtHeaders::NONE),
+        SendOp::LocalInv { .. } => return None,
+    };
+    let transport = if uc { Transport::Uc } else { Transport::Rc };
+    Opcode::request(transport, operation, position, trailer)
 }
 
-impl QueuePair {
-    /// Oldest PSN not yet acknowledged, if any packet is outstanding.
-    pub(crate) fn una_psn(&self) -> Option<Psn> {
-        let w = self.sq.front()?;
-        let first = w.first_psn?;
-        if w.wr.op.is_read_or_atomic() {
-            return Some(first.add(w.read_pkts_done));
-        }
-        let acked = self.req.acked_psn;
-        if acked.diff(first) >= 0 && acked.diff(first.add(w.npkts)) < 0 {
-            Some(acked.next())
-        } else {
-            Some(first)
-        }
+impl Requester {
+    /// Whether any request packet is outstanding (sent, not acknowledged), given the last
+    /// cumulatively acknowledged PSN.
+    pub(crate) fn has_outstanding(&self, sq: &SendQueue, acked: Psn) -> bool {
+        sq.una_psn(acked)
+            .is_some_and(|una| self.high_psn.is_after(una))
     }
 
-    /// Whether any request packet is outstanding (sent, not acknowledged).
-    pub(crate) fn has_outstanding(&self) -> bool {
-        self.una_psn()
-            .is_some_and(|una| self.req.high_psn.diff(una) > 0)
-    }
-
-    fn arm_ack_timer(&mut self, now: Instant) {
-        if self.cfg.qp_type != QpType::Rc || self.timers.is_set(Timer::AckTimeout) {
+    fn arm_ack_timer(cx: &mut QpCtx<'_>, now: Instant) {
+        if cx.qp_type() != QpType::Rc || cx.timers.is_set(Timer::AckTimeout) {
             return;
         }
-        if let Some(ns) = ack_timeout_ns(self.attr.timeout) {
-            self.timers.set(
+        if let Some(ns) = ack_timeout_ns(cx.attr.timeout) {
+            cx.timers.set(
                 Timer::AckTimeout,
                 Instant::from_nanos(now.as_nanos().saturating_add(ns)),
             );
         }
     }
 
-    /// Builds the next request packet into `buf`; returns its length.
-    pub(crate) fn next_request(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
-        if self.req.rnr_wait {
+    /// Builds the next request packet into `buf`; returns its length. `acked` is the last
+    /// cumulatively acknowledged PSN (the completer's).
+    pub(crate) fn next_request(
+        &mut self,
+        cx: &mut QpCtx<'_>,
+        acked: Psn,
+        now: Instant,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        if self.rnr_wait {
             return None;
         }
         loop {
-            let cur = self.req.cur;
-            let w = self.sq.get(cur)?;
+            let cur = cx.sq.cur;
+            let w = cx.sq.get(cur)?;
             if let SendOp::LocalInv { key } = w.wr.op {
                 // Local operations run in order: only once everything before them completed.
                 if cur != 0 {
                     return None;
                 }
-                let status = match self.mem.invalidate_local(self.qpn, key) {
+                let status = match cx.mem.invalidate_local(cx.qpn, key) {
                     Ok(()) => WcStatus::Success,
                     Err(s) => s,
                 };
                 if status == WcStatus::Success {
-                    self.complete_front(status);
+                    cx.complete_front(status);
                 } else {
-                    self.fail_front(status);
+                    cx.fail_front(status);
                 }
                 continue;
             }
-            if w.first_psn.is_none() && self.state == crate::verbs::QpState::Sqd {
+            if w.first_psn.is_none() && *cx.state == QpState::Sqd {
                 return None; // SQD: finish what is in flight, start nothing new.
             }
-            if self.cfg.qp_type == QpType::Rc {
-                if let Some(una) = self.una_psn() {
-                    if self.req.next_psn.diff(una) >= self.cfg.max_inflight_packets as i32 {
+            if cx.qp_type() == QpType::Rc {
+                if let Some(una) = cx.sq.una_psn(acked) {
+                    if self.next_psn.diff(una) >= cx.cfg.max_inflight_packets as i32 {
                         return None;
                     }
                 }
-                if w.wr.op.is_read_or_atomic() && self.req.cur_pkt == 0 {
-                    let outstanding = self
+                if w.wr.op.is_read_or_atomic() && cx.sq.cur_pkt == 0 {
+                    let outstanding = cx
                         .sq
                         .iter()
                         .take(cur)
                         .filter(|w| w.wr.op.is_read_or_atomic())
                         .count();
-                    if outstanding >= usize::from(self.attr.max_rd_atomic.max(1)) {
+                    if outstanding >= usize::from(cx.attr.max_rd_atomic.max(1)) {
                         return None;
                     }
                 }
             }
-            return self.build_request(now, buf);
+            return self.build_request(cx, now, buf);
         }
     }
 
-    fn build_request(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
-        let cur = self.req.cur;
-        let mtu = self.attr.path_mtu.bytes() as u64;
-        let uc = self.cfg.qp_type == QpType::Uc;
-        let w = &mut self.sq[cur];
+    fn build_request(&mut self, cx: &mut QpCtx<'_>, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        let cur = cx.sq.cur;
+        let mtu = cx.attr.path_mtu.bytes() as u64;
+        let uc = cx.qp_type() == QpType::Uc;
+        let ack_req_every = cx.cfg.ack_req_every;
+        let dest_qpn = cx.attr.dest_qpn;
+        let w = cx.sq.get_mut(cur)?;
         if w.first_psn.is_none() {
             // A WQE never sent before starts after the highest PSN ever sent (`high_psn`),
             // never at `next_psn`: an ACK that completes the WQE being resent by go-back-N
             // leaves `next_psn` (and the packet cursor) inside that finished WQE.
-            self.req.cur_pkt = 0;
-            self.req.next_psn = self.req.high_psn;
+            cx.sq.cur_pkt = 0;
+            self.next_psn = self.high_psn;
         }
-        let pkt = self.req.cur_pkt;
+        let pkt = cx.sq.cur_pkt;
+        // INVARIANT: `cur` indexes the queue: `get_mut(cur)` just succeeded and nothing
+        // removed a WQE since.
+        let w = cx.sq.get_mut(cur).expect("current WQE");
         // A packet's PSN is its WQE's first PSN plus its index, always: deriving it (rather
         // than trusting `next_psn`) keeps it right when an ACK completes the WQE being resent
         // and the cursor moves on to the next one.
-        let first_psn = *w.first_psn.get_or_insert(self.req.high_psn);
+        let first_psn = *w.first_psn.get_or_insert(self.high_psn);
         let psn = first_psn.add(pkt);
         let op = w.wr.op;
         let npkts = w.npkts;
         let first = pkt == 0;
         let last = pkt + 1 >= npkts;
-        let mut b = bth::Repr::new(opcode_for(op, first, last, uc), self.attr.dest_qpn, psn);
+        let Some(opcode) = opcode_for(op, first, last, uc) else {
+            // post_send admits no such WR (LOCAL_INV never gets here, UC refuses READ and
+            // atomics); should one get through, it fails alone rather than going on the wire.
+            cx.fail_at(cur, WcStatus::LocQpOpErr);
+            return None;
+        };
+        let mut b = bth::Repr::new(opcode, dest_qpn, psn);
         b.pkey = roce_wire::PKey::DEFAULT;
         let mut ext = Ext::default();
         let offset = u64::from(pkt) * mtu;
@@ -248,6 +269,35 @@ impl QueuePair {
                 b.ack_req = true;
                 (0, 1)
             }
+            SendOp::AtomicWrite { remote_addr, rkey } => {
+                // The 8 bytes of data are the payload (A19.4.2: DMA length 8).
+                ext.reth = Some(reth::Repr {
+                    va: remote_addr,
+                    rkey,
+                    dma_len: 8,
+                });
+                b.ack_req = true;
+                (w.len as usize, 1)
+            }
+            SendOp::Flush {
+                remote_addr,
+                rkey,
+                len,
+                placement,
+                level,
+            } => {
+                ext.feth = Some(feth::Repr {
+                    placement: placement.bits(),
+                    selectivity: level as u8,
+                });
+                ext.reth = Some(reth::Repr {
+                    va: remote_addr,
+                    rkey,
+                    dma_len: len,
+                });
+                b.ack_req = true;
+                (0, 1)
+            }
             _ => {
                 if first {
                     if let SendOp::RdmaWrite { remote_addr, rkey }
@@ -279,12 +329,12 @@ impl QueuePair {
                                 | SendOp::RdmaWriteWithImm { .. }
                         );
                 }
-                b.ack_req = !uc && (last || self.req.since_ack_req + 1 >= self.cfg.ack_req_every);
+                b.ack_req = !uc && (last || self.since_ack_req + 1 >= ack_req_every);
                 ((w.len - offset.min(w.len)).min(mtu) as usize, 1)
             }
         };
         let data = &w.wr.data;
-        let mem = &self.mem;
+        let mem = cx.mem;
         let result = emit_in_place(buf, b, ext, payload_len, |out| match data {
             SendData::Inline(d) => {
                 out.copy_from_slice(&d[offset as usize..offset as usize + out.len()]);
@@ -296,71 +346,153 @@ impl QueuePair {
             Ok(len) => len,
             Err(status) => {
                 // Local protection error reading the send buffer: the WQE fails in order.
-                self.sq[cur].error = Some(status);
-                if cur == 0 {
-                    self.fail_front(status);
-                } else {
-                    self.enter_error(Some(status));
-                }
+                cx.fail_at(cur, status);
                 return None;
             }
         };
         // Advance.
-        if self.req.next_psn.diff(self.req.high_psn) < 0 {
-            self.stats.retransmitted_packets += 1;
+        if self.next_psn.is_before(self.high_psn) {
+            cx.stats.retransmitted_packets += 1;
         }
-        self.req.next_psn = psn.add(psn_span);
-        if self.req.next_psn.diff(self.req.high_psn) > 0 {
-            self.req.high_psn = self.req.next_psn;
+        self.next_psn = psn.add(psn_span);
+        if self.next_psn.is_after(self.high_psn) {
+            self.high_psn = self.next_psn;
         }
-        self.req.since_ack_req = if b.ack_req {
-            0
-        } else {
-            self.req.since_ack_req + 1
-        };
-        self.stats.tx_bytes += payload_len as u64;
+        self.since_ack_req = if b.ack_req { 0 } else { self.since_ack_req + 1 };
+        cx.stats.tx_bytes += payload_len as u64;
         let done = last || op.is_read_or_atomic();
         if done {
-            self.sq[cur].all_sent = true;
-            self.req.cur += 1;
-            self.req.cur_pkt = 0;
+            w.all_sent = true;
+            cx.sq.cur += 1;
+            cx.sq.cur_pkt = 0;
         } else {
-            self.req.cur_pkt += 1;
+            cx.sq.cur_pkt += 1;
         }
         if uc {
             if done {
                 // UC has no acknowledgements: a WR completes once its last packet is out.
-                self.complete_front(WcStatus::Success);
+                cx.complete_front(WcStatus::Success);
             }
         } else {
-            self.arm_ack_timer(now);
+            Self::arm_ack_timer(cx, now);
         }
         Some(len)
     }
 
     /// Go-back-N: resume transmission at `psn` (which must be outstanding).
-    pub(crate) fn go_back(&mut self, psn: Psn) {
-        for (i, w) in self.sq.iter().enumerate() {
+    pub(crate) fn go_back(&mut self, sq: &mut SendQueue, psn: Psn) {
+        let mut target = None;
+        for (i, w) in sq.iter().enumerate() {
             let (Some(first), Some(last)) = (w.first_psn, w.last_psn()) else {
                 break;
             };
-            if psn.diff(first) >= 0 && psn.diff(last) <= 0 {
-                self.req.cur = i;
-                self.req.cur_pkt = psn.diff(first) as u32;
-                self.req.next_psn = psn;
-                return;
+            if psn.in_closed_window(first, last) {
+                target = Some((i, psn.diff(first) as u32));
+                break;
             }
         }
-        // Nothing outstanding at that PSN: resume at the first WQE not fully sent.
-        let i = self
-            .sq
-            .iter()
-            .position(|w| !w.all_sent)
-            .unwrap_or(self.sq.len());
-        self.req.cur = i;
-        self.req.cur_pkt = 0;
-        if let Some(p) = self.sq.get(i).and_then(|w| w.first_psn) {
-            self.req.next_psn = p;
+        if let Some((i, pkt)) = target {
+            sq.cur = i;
+            sq.cur_pkt = pkt;
+            self.next_psn = psn;
+            return;
         }
+        // Nothing outstanding at that PSN: resume at the first WQE not fully sent.
+        let i = sq.iter().position(|w| !w.all_sent).unwrap_or(sq.len());
+        sq.cur = i;
+        sq.cur_pkt = 0;
+        if let Some(p) = sq.get(i).and_then(|w| w.first_psn) {
+            self.next_psn = p;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use roce_wire::RKey;
+
+    use super::*;
+
+    /// The opcodes the requester emits, checked against the IBTA codes (table 38).
+    #[test]
+    fn request_opcodes_match_the_spec_codes() {
+        let rkey = RKey::new(1);
+        let write = SendOp::RdmaWrite {
+            remote_addr: 0,
+            rkey,
+        };
+        let write_imm = SendOp::RdmaWriteWithImm {
+            remote_addr: 0,
+            rkey,
+            imm: 0,
+        };
+        let cases: &[(SendOp, bool, bool, u8)] = &[
+            (SendOp::Send, true, true, 0x04),
+            (SendOp::Send, true, false, 0x00),
+            (SendOp::Send, false, false, 0x01),
+            (SendOp::Send, false, true, 0x02),
+            (SendOp::SendWithImm { imm: 0 }, true, true, 0x05),
+            (SendOp::SendWithImm { imm: 0 }, true, false, 0x00),
+            (SendOp::SendWithImm { imm: 0 }, false, true, 0x03),
+            (SendOp::SendWithInv { rkey }, true, true, 0x17),
+            (SendOp::SendWithInv { rkey }, false, false, 0x01),
+            (SendOp::SendWithInv { rkey }, false, true, 0x16),
+            (write, true, true, 0x0A),
+            (write, true, false, 0x06),
+            (write, false, false, 0x07),
+            (write, false, true, 0x08),
+            (write_imm, true, true, 0x0B),
+            (write_imm, true, false, 0x06),
+            (write_imm, false, true, 0x09),
+            (
+                SendOp::RdmaRead {
+                    remote_addr: 0,
+                    rkey,
+                },
+                true,
+                false,
+                0x0C,
+            ),
+            (
+                SendOp::AtomicCmpAndSwp {
+                    remote_addr: 0,
+                    rkey,
+                    compare: 0,
+                    swap: 0,
+                },
+                true,
+                true,
+                0x13,
+            ),
+            (
+                SendOp::AtomicFetchAndAdd {
+                    remote_addr: 0,
+                    rkey,
+                    add: 0,
+                },
+                true,
+                true,
+                0x14,
+            ),
+        ];
+        for &(op, first, last, code) in cases {
+            assert_eq!(
+                opcode_for(op, first, last, false).map(Opcode::as_u8),
+                Some(code),
+                "RC {op:?} first={first} last={last}"
+            );
+            let uc = opcode_for(op, first, last, true).map(Opcode::as_u8);
+            if op.is_read_or_atomic() {
+                assert_eq!(uc, None, "UC {op:?}");
+            } else if matches!(op, SendOp::SendWithInv { .. }) && last {
+                assert_eq!(uc, None, "UC has no SEND with invalidate");
+            } else {
+                assert_eq!(uc, Some(code + 0x20), "UC {op:?} first={first} last={last}");
+            }
+        }
+        assert_eq!(
+            opcode_for(SendOp::LocalInv { key: 1 }, true, true, false),
+            None
+        );
     }
 }

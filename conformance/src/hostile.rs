@@ -9,16 +9,18 @@
 //! # The ICRC of a forged packet
 //!
 //! The ICRC covers the IPv4 header, which a UDP socket does not write. [`seal`] computes it
-//! for the header Linux writes for an *unconnected* UDP socket sending a datagram with DF set:
-//! Identification 0 (`ip_select_ident_segs()`), DF, no options (our `udp` datapath relies on
-//! the same rule for its own packets). The socket is never connected, and with the default
-//! `IP_MTU_DISCOVER` (`IP_PMTUDISC_WANT`) every datagram that fits the path MTU carries DF.
+//! for the header Linux writes for an *unconnected* UDP socket with `IP_PMTUDISC_DO`:
+//! Identification 0 (`ip_select_ident_segs()`), DF, no options. The peer's socket is made the
+//! way our `udp` datapath makes its own (it is one), so the rule is the one that datapath's
+//! wire test checks (`transport/tests/udp_ident.rs`).
 //! TOS, TTL and the checksums are masked out of the ICRC.
 
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
+
+use roce_transport::datapath::udp::{UdpDatapath, UdpOptions};
 
 use roce_wire::aeth::Syndrome;
 use roce_wire::frame::{FrameRepr, IpRepr, Ipv4Repr, UdpRepr, ROCEV2_PORT};
@@ -293,7 +295,22 @@ impl HostilePeer {
     /// # Errors
     /// The bind fails.
     pub fn bind_addr(local: SocketAddrV4, victim_ip: Ipv4Addr) -> io::Result<Self> {
-        let sock = UdpSocket::bind(local)?;
+        // The socket of a rocectl `udp` datapath: `IP_PMTUDISC_DO`, never connected, so Linux
+        // writes Identification 0 and DF into every IPv4 header (with the default
+        // `IP_PMTUDISC_WANT`, Linux 6.18 numbers the datagrams of an unconnected socket, and a
+        // receiver that sees the real header would find every forged ICRC wrong). No GRO (one
+        // datagram per read) and no raw receive: the peer reads plain datagrams, blocking.
+        let opts = UdpOptions {
+            gso: false,
+            gro: false,
+            raw_receive: false,
+            ..UdpOptions::default()
+        };
+        let dp = UdpDatapath::bind(SocketAddr::V4(local), opts)
+            .map_err(|e| io::Error::other(format!("bind {local}: {e}")))?;
+        let sock: UdpSocket = dp.socket().try_clone()?.into();
+        drop(dp);
+        sock.set_nonblocking(false)?;
         let local = match sock.local_addr()? {
             SocketAddr::V4(a) => a,
             SocketAddr::V6(a) => {

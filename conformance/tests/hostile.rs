@@ -1060,7 +1060,6 @@ fn lengths_and_bounds() {
 /// in `rcvd_pkts` (`QpStats::rx_packets`, incremented in `QueuePair::handle_packet` before
 /// the responder runs) and in `qp_drops` (`drop_psn`, incremented by the responder).
 #[test]
-#[ignore = "issue 12: waits for a roce-qp counter fix: a request dropped by the responder is counted in rx_packets and drop_psn"]
 fn psn_window_counted() {
     with_lab("psn-c", psn_cases);
 }
@@ -1230,7 +1229,6 @@ fn unsolicited_responses() {
 /// counts nothing: its completer drops them before `check_ack`), and each dropped response
 /// in both `rcvd_pkts` and `qp_drops`.
 #[test]
-#[ignore = "issue 12: waits for the item-4 counter fix: NAKs for PSNs never sent are counted as received NAKs"]
 fn unsolicited_responses_counted() {
     with_lab("unsolicited-c", unsolicited_cases);
 }
@@ -1601,7 +1599,6 @@ fn garbage_flood() {
 /// [`garbage_flood`] with its counters: every datagram in exactly one counter. Fails today:
 /// QP-level drops after `rx_packets` (responses and requests the QP drops) count twice.
 #[test]
-#[ignore = "issue 12: waits for a roce-qp counter fix: a packet a QP drops after accepting it is counted in rx_packets and a drop counter"]
 fn garbage_flood_counted() {
     with_lab("flood-c", flood);
 }
@@ -1887,7 +1884,6 @@ fn misaligned_atomic_with_bad_rkey() {
 /// so check_length finds an "only" payload above the MTU -> RESPST_ERR_LENGTH -> NAK 0x61.
 /// rocectl today drops it as malformed (`ParseError::BadPadCount`), silently.
 #[test]
-#[ignore = "issue 12: waits for the PadCnt-larger-than-payload NAK on branch h-qp"]
 fn pad_count_larger_than_payload() {
     lone_fatal_case("pad-gt-payload", NAK_INV, |h, lab| {
         vec![Request::new(Opcode::RcRdmaWriteOnly, h.qpn(), h.next())

@@ -362,7 +362,13 @@ impl QueuePair {
     /// Feeds a received packet addressed to this QP (the BTH DestQP matched). `packet` was
     /// parsed and its ICRC verified by the transport.
     pub fn handle_packet(&mut self, now: Instant, packet: &PacketRepr<'_>, meta: &RecvMeta) {
+        let drops = self.stats.drops();
         self.handle_packet_inner(now, packet, meta);
+        // Exactly one counter per packet: processed, or dropped (wherever it was dropped).
+        if self.stats.drops() == drops {
+            self.stats.rx_packets += 1;
+            self.stats.rx_bytes += packet.payload.len() as u64;
+        }
         self.invariants();
     }
 
@@ -370,8 +376,6 @@ impl QueuePair {
         let Some(info) = self.accepts(&packet.bth, meta) else {
             return;
         };
-        self.stats.rx_packets += 1;
-        self.stats.rx_bytes += packet.payload.len() as u64;
         match self.cfg.qp_type {
             QpType::Ud => self.with_ctx(|cx, _| ud::receive(cx, packet, &meta.grh)),
             _ if info.is_response() => {
@@ -391,12 +395,16 @@ impl QueuePair {
     /// SEND, RDMA WRITE or ATOMIC WRITE is NAKed invalid request (0x61) and the QP enters ERR;
     /// UC drops the message; other opcodes are dropped (counted in `drop_length`).
     pub fn handle_bad_pad(&mut self, _now: Instant, bth: &roce_wire::bth::Repr, meta: &RecvMeta) {
+        let drops = self.stats.drops();
         if self.accepts(bth, meta).is_some() {
             if self.cfg.qp_type == QpType::Ud {
                 self.stats.drop_length += 1;
             } else {
                 self.with_ctx(|cx, e| e.resp.on_bad_pad(cx, bth));
             }
+        }
+        if self.stats.drops() == drops {
+            self.stats.rx_packets += 1;
         }
         self.invariants();
     }

@@ -9,7 +9,8 @@ pub struct QpStats {
     pub tx_packets: u64,
     /// Payload bytes in them.
     pub tx_bytes: u64,
-    /// Packets accepted by `handle_packet`.
+    /// Packets `handle_packet` (or `handle_bad_pad`) processed: every packet handed to the QP
+    /// lands either here or in exactly one `drop_*` counter.
     pub rx_packets: u64,
     /// Payload bytes in them.
     pub rx_bytes: u64,
@@ -51,6 +52,20 @@ pub struct QpStats {
     pub drop_no_recv: u64,
     /// Packets dropped: wrong source address for a connected QP.
     pub drop_address: u64,
+}
+
+impl QpStats {
+    /// Packets dropped, all reasons (the sum of the `drop_*` counters).
+    pub const fn drops(&self) -> u64 {
+        self.drop_state
+            + self.drop_pkey
+            + self.drop_qkey
+            + self.drop_opcode
+            + self.drop_psn
+            + self.drop_length
+            + self.drop_no_recv
+            + self.drop_address
+    }
 }
 
 impl core::ops::AddAssign<&Self> for QpStats {

@@ -177,13 +177,6 @@ impl Counters {
         self.rcvd_nak_inv_req += s.naks_received_by_code[0];
         self.rcvd_nak_rem_access += s.naks_received_by_code[1];
         self.rcvd_nak_rem_op += s.naks_received_by_code[2];
-        self.qp_drops += s.drop_state
-            + s.drop_pkey
-            + s.drop_qkey
-            + s.drop_opcode
-            + s.drop_psn
-            + s.drop_length
-            + s.drop_no_recv
-            + s.drop_address;
+        self.qp_drops += s.drops();
     }
 }

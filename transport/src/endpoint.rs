@@ -31,7 +31,7 @@ use roce_qp::verbs::CqSide;
 use roce_qp::{Event, Instant, QpStats, QueuePair, RecvMeta};
 use roce_wire::frame::{EthRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr, ROCEV2_PORT};
 use roce_wire::icrc::{Icrc, IdentPolicy, IdentVerdict, Ipv4IdentChecker, ICRC_LEN};
-use roce_wire::{Gid, PacketRepr, Qpn};
+use roce_wire::{bth, Gid, PacketRepr, ParseError, Qpn};
 
 use crate::counters::DeviceCounters;
 use crate::cq::{AsyncEvent, CqShared};
@@ -172,7 +172,7 @@ impl Endpoint {
         frame.emit_headers(len, &mut buf[start..at]);
         let ip_off = start + 14;
         // Too short for BTH + ICRC: malformed, not an ICRC error (there is no ICRC to check).
-        if len < roce_wire::bth::HEADER_LEN + ICRC_LEN {
+        if len < bth::HEADER_LEN + ICRC_LEN {
             self.counters.rx_drop_malformed += 1;
             return Some(start..end);
         }
@@ -213,11 +213,24 @@ impl Endpoint {
         ip_packet: &[u8],
         udp_payload: usize,
     ) {
-        let Ok(packet) = PacketRepr::parse(&ip_packet[udp_payload..]) else {
-            self.counters.rx_drop_malformed += 1;
-            return;
+        let bytes = &ip_packet[udp_payload..];
+        let parsed = PacketRepr::parse(bytes);
+        // A request whose PadCnt is larger than its payload cannot be parsed, yet rxe answers
+        // it (a length error: NAK invalid request): such a packet still goes to its QP.
+        let bad_pad = match &parsed {
+            Err(ParseError::BadPadCount) => bth::Packet::new_checked(bytes)
+                .and_then(|p| bth::Repr::parse(&p))
+                .ok(),
+            _ => None,
         };
-        let dqpn = packet.bth.dest_qp.value();
+        let dqpn = match (&parsed, &bad_pad) {
+            (Ok(packet), _) => packet.bth.dest_qp.value(),
+            (Err(_), Some(bth)) => bth.dest_qp.value(),
+            (Err(_), None) => {
+                self.counters.rx_drop_malformed += 1;
+                return;
+            }
+        };
         let Some(slot) = self.qps.get_mut(&dqpn) else {
             self.counters.rx_drop_no_qp += 1;
             return;
@@ -237,7 +250,11 @@ impl Endpoint {
         if meta.ecn_ce {
             self.counters.rx_ecn_ce += 1;
         }
-        slot.qp.handle_packet(now, &packet, &meta);
+        match (parsed, bad_pad) {
+            (Ok(packet), _) => slot.qp.handle_packet(now, &packet, &meta),
+            (Err(_), Some(bth)) => slot.qp.handle_bad_pad(now, &bth, &meta),
+            (Err(_), None) => {}
+        }
     }
 
     /// Fires every QP timer due at `now`, in QP creation order (so a run replays exactly).
@@ -445,7 +462,7 @@ pub(crate) fn tx_frame(local: SocketAddr, local_mac: [u8; 6], d: &TxDesc) -> Opt
 /// headers `hdr`. Returns false if the packet is too short to carry a BTH and an ICRC, or the
 /// headers are not IP.
 pub(crate) fn fill_icrc(hdr: &[u8], packet: &mut [u8]) -> bool {
-    const BTH: usize = roce_wire::bth::HEADER_LEN;
+    const BTH: usize = bth::HEADER_LEN;
     if packet.len() < BTH + ICRC_LEN || hdr.len() < 14 + 8 {
         return false;
     }

@@ -163,11 +163,13 @@ impl Completer {
     }
 
     fn on_seq_nak(&mut self, req: &mut Requester, cx: &mut QpCtx<'_>, psn: Psn) {
-        cx.stats.seq_naks_received += 1;
         if !self.psn_outstanding(req, cx, psn) {
+            // A NAK for a PSN never sent (or already acknowledged): dropped, counted only as
+            // a drop, not as a NAK received (rxe counts nothing for it either).
             cx.stats.drop_psn += 1;
             return;
         }
+        cx.stats.seq_naks_received += 1;
         let before = self.acked_psn;
         self.ack_through(cx, psn.sub(1));
         if self.acked_psn != before {
@@ -193,11 +195,13 @@ impl Completer {
         psn: Psn,
         timer: u8,
     ) {
-        cx.stats.rnr_naks_received += 1;
         if !self.psn_outstanding(req, cx, psn) {
+            // A NAK for a PSN never sent (or already acknowledged): dropped, counted only as
+            // a drop, not as a NAK received (rxe counts nothing for it either).
             cx.stats.drop_psn += 1;
             return;
         }
+        cx.stats.rnr_naks_received += 1;
         self.ack_through(cx, psn.sub(1));
         if self.rnr_retry_left == 0 {
             cx.fail_front(WcStatus::RnrRetryExcErr);
@@ -216,11 +220,13 @@ impl Completer {
     }
 
     fn on_fatal_nak(&mut self, req: &Requester, cx: &mut QpCtx<'_>, psn: Psn, code: NakCode) {
-        cx.stats.nak_received(code);
         if !self.psn_outstanding(req, cx, psn) {
+            // A NAK for a PSN never sent (or already acknowledged): dropped, counted only as
+            // a drop, not as a NAK received (rxe counts nothing for it either).
             cx.stats.drop_psn += 1;
             return;
         }
+        cx.stats.nak_received(code);
         self.ack_through(cx, psn.sub(1));
         let status = match code {
             NakCode::InvalidRequest => WcStatus::RemInvReqErr,

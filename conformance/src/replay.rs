@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use roce_mr::{Access, MrTable};
-use roce_qp::state::{AttrMask, QpAttr};
+use roce_qp::state::{bring_up_steps, QpAttr};
 use roce_qp::verbs::{AddressHandle, Mtu, QpState, QpType, RecvWr, Sge};
 use roce_qp::{Instant, Mem, QpConfig, QueuePair, RecvMeta};
 use roce_wire::opcode::Transport;
@@ -221,23 +221,7 @@ fn run_stream(
         dest_qpn: requester_qpn,
         ..QpAttr::default()
     };
-    let steps = [
-        (
-            QpState::Init,
-            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-        ),
-        (
-            QpState::Rtr,
-            AttrMask::STATE
-                | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-                | AttrMask::MAX_DEST_RD_ATOMIC
-                | AttrMask::MIN_RNR_TIMER,
-        ),
-    ];
-    for (state, mask) in steps {
+    for (state, mask) in bring_up_steps(QpType::Rc, QpState::Rtr) {
         if qp.modify(&QpAttr { state, ..attr }, mask).is_err() {
             return Vec::new();
         }

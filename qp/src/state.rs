@@ -237,6 +237,33 @@ pub enum ModifyError {
 
 use AttrMask as M;
 
+/// The `modify` calls that bring a new QP of type `ty` from RESET up to `to` (INIT, RTR or
+/// RTS): each target state with `STATE` plus exactly the attributes [`transition_attrs`]
+/// requires for that step, so the bring-up every caller does (the tools' `connect`, the
+/// simulator, the capture replay) cannot disagree with the table. Empty for any other `to`.
+///
+/// ```
+/// use roce_qp::state::{bring_up_steps, AttrMask};
+/// use roce_qp::verbs::{QpState, QpType};
+///
+/// let steps: Vec<_> = bring_up_steps(QpType::Ud, QpState::Rts).collect();
+/// assert_eq!(steps[1], (QpState::Rtr, AttrMask::STATE));
+/// assert_eq!(steps[2], (QpState::Rts, AttrMask::STATE | AttrMask::SQ_PSN));
+/// ```
+pub fn bring_up_steps(ty: QpType, to: QpState) -> impl Iterator<Item = (QpState, AttrMask)> {
+    const PATH: [QpState; 4] = [QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts];
+    let n = PATH
+        .iter()
+        .position(|&s| s == to)
+        .filter(|&n| n > 0)
+        .unwrap_or(0);
+    PATH.windows(2).take(n).map(move |w| {
+        // INVARIANT: RESET->INIT->RTR->RTS is allowed for every QP type (tested below).
+        let (required, _) = transition_attrs(ty, w[0], w[1]).expect("bring-up path allowed");
+        (w[1], required | AttrMask::STATE)
+    })
+}
+
 /// Required and optional attributes of one transition for one QP type, or `None` if the
 /// transition is not allowed.
 pub fn transition_attrs(ty: QpType, from: QpState, to: QpState) -> Option<(AttrMask, AttrMask)> {
@@ -458,6 +485,51 @@ pub fn dot(ty: QpType) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bring_up_follows_the_table() {
+        use QpState::{Init, Reset, Rtr, Rts};
+        for ty in [QpType::Rc, QpType::Uc, QpType::Ud] {
+            let steps: Vec<_> = bring_up_steps(ty, Rts).collect();
+            assert_eq!(steps.len(), 3);
+            let mut from = Reset;
+            for (to, mask) in &steps {
+                let (required, _) = transition_attrs(ty, from, *to).unwrap();
+                assert_eq!(*mask, required | AttrMask::STATE, "{ty:?} {from:?}->{to:?}");
+                from = *to;
+            }
+            assert_eq!(bring_up_steps(ty, Rtr).count(), 2);
+            assert_eq!(bring_up_steps(ty, Init).count(), 1);
+            assert_eq!(bring_up_steps(ty, Reset).count(), 0);
+            assert_eq!(bring_up_steps(ty, QpState::Err).count(), 0);
+        }
+        // What the tools sent before the bring-up was derived (rdma-core's pingpong masks).
+        let rc: Vec<_> = bring_up_steps(QpType::Rc, Rts).map(|s| s.1).collect();
+        assert_eq!(
+            rc,
+            [
+                AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+                AttrMask::STATE
+                    | AttrMask::AV
+                    | AttrMask::PATH_MTU
+                    | AttrMask::DEST_QPN
+                    | AttrMask::RQ_PSN
+                    | AttrMask::MAX_DEST_RD_ATOMIC
+                    | AttrMask::MIN_RNR_TIMER,
+                AttrMask::STATE
+                    | AttrMask::SQ_PSN
+                    | AttrMask::TIMEOUT
+                    | AttrMask::RETRY_CNT
+                    | AttrMask::RNR_RETRY
+                    | AttrMask::MAX_QP_RD_ATOMIC,
+            ]
+        );
+        let ud: Vec<_> = bring_up_steps(QpType::Ud, Rts).map(|s| s.1).collect();
+        assert_eq!(
+            ud[0],
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY
+        );
+    }
 
     #[test]
     fn dot_graph_has_every_allowed_edge() {

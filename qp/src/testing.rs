@@ -21,7 +21,7 @@ use roce_wire::{icrc, Caps, Frame, FrameRepr, Gid, LKey, Psn, QKey, Qpn, RKey};
 use crate::fault::{FaultModel, SimRng};
 use crate::mem::Mem;
 use crate::qp::{QpConfig, QueuePair, RecvMeta};
-use crate::state::{AttrMask, QpAttr};
+use crate::state::{bring_up_steps, QpAttr};
 use crate::time::Instant;
 use crate::verbs::{AddressHandle, Completion, CqSide, Mtu, QpState, QpType, Sge};
 
@@ -541,59 +541,10 @@ fn connect(qp: &mut QueuePair, cfg: &PairConfig, dgid: Gid, dest: Qpn, rq_psn: P
         dest_qpn: dest,
         ..QpAttr::default()
     };
-    let m = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT;
-    let init = if ud {
-        m | AttrMask::QKEY
-    } else {
-        m | AttrMask::ACCESS_FLAGS
-    };
-    qp.modify(&attr, init).expect("to INIT");
-    let rtr_mask = match cfg.qp_type {
-        QpType::Rc => {
-            AttrMask::STATE
-                | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-                | AttrMask::MAX_DEST_RD_ATOMIC
-                | AttrMask::MIN_RNR_TIMER
-        }
-        QpType::Uc => {
-            AttrMask::STATE
-                | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-        }
-        QpType::Ud => AttrMask::STATE,
-    };
-    qp.modify(
-        &QpAttr {
-            state: QpState::Rtr,
-            ..attr
-        },
-        rtr_mask,
-    )
-    .expect("to RTR");
-    let rts_mask = match cfg.qp_type {
-        QpType::Rc => {
-            AttrMask::STATE
-                | AttrMask::SQ_PSN
-                | AttrMask::TIMEOUT
-                | AttrMask::RETRY_CNT
-                | AttrMask::RNR_RETRY
-                | AttrMask::MAX_QP_RD_ATOMIC
-        }
-        _ => AttrMask::STATE | AttrMask::SQ_PSN,
-    };
-    qp.modify(
-        &QpAttr {
-            state: QpState::Rts,
-            ..attr
-        },
-        rts_mask,
-    )
-    .expect("to RTS");
+    for (state, mask) in bring_up_steps(cfg.qp_type, QpState::Rts) {
+        qp.modify(&QpAttr { state, ..attr }, mask)
+            .unwrap_or_else(|e| panic!("to {state:?}: {e}"));
+    }
     if ud {
         // UD's path MTU comes from the port; the simulator uses the pair's.
         qp.set_port_mtu(cfg.mtu);

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use roce_mr::Access;
-use roce_qp::state::{AttrMask, QpAttr};
+use roce_qp::state::{bring_up_steps, AttrMask, QpAttr};
 use roce_qp::verbs::{AddressHandle, Mtu, QpState, QpType, RecvWr, SendWr};
 use roce_qp::{Mem, PostError, QpConfig, QpStats};
 use roce_wire::{Gid, Psn, QKey, Qpn};
@@ -218,78 +218,34 @@ impl QueuePair {
     /// As [`Self::modify`].
     pub fn connect(&self, remote: &RemoteQp, opts: &ConnectOptions) -> Result<(), VerbsError> {
         let mtu = opts.mtu.unwrap_or(self.dev().shared().mtu);
-        let mut attr = QpAttr {
+        // Every attribute of the bring-up; each step sends the ones the state table requires
+        // for it (`bring_up_steps`): UD ignores `remote`, UC the RC-only ones.
+        let attr = QpAttr {
             state: QpState::Init,
             access_flags: remote_only(opts.access),
             pkey_index: 0,
             port: 1,
             qkey: opts.qkey,
+            ah: AddressHandle {
+                traffic_class: opts.traffic_class,
+                ..AddressHandle::new(remote.gid)
+            },
+            path_mtu: mtu,
+            dest_qpn: remote.qpn,
+            rq_psn: remote.psn,
+            max_dest_rd_atomic: opts.rd_atomic,
+            min_rnr_timer: opts.min_rnr_timer,
+            sq_psn: opts.local_psn,
+            timeout: opts.timeout,
+            retry_cnt: opts.retry_cnt,
+            rnr_retry: opts.rnr_retry,
+            max_rd_atomic: opts.rd_atomic,
             ..QpAttr::default()
         };
-        let init_mask = AttrMask::STATE
-            | AttrMask::PKEY_INDEX
-            | AttrMask::PORT
-            | if self.qp_type == QpType::Ud {
-                AttrMask::QKEY
-            } else {
-                AttrMask::ACCESS_FLAGS
-            };
-        self.modify(&attr, init_mask)?;
-        attr.state = QpState::Rtr;
-        let rtr_mask = match self.qp_type {
-            QpType::Ud => AttrMask::STATE,
-            QpType::Uc => {
-                attr.ah = AddressHandle {
-                    traffic_class: opts.traffic_class,
-                    ..AddressHandle::new(remote.gid)
-                };
-                attr.path_mtu = mtu;
-                attr.dest_qpn = remote.qpn;
-                attr.rq_psn = remote.psn;
-                AttrMask::STATE
-                    | AttrMask::AV
-                    | AttrMask::PATH_MTU
-                    | AttrMask::DEST_QPN
-                    | AttrMask::RQ_PSN
-            }
-            QpType::Rc => {
-                attr.ah = AddressHandle {
-                    traffic_class: opts.traffic_class,
-                    ..AddressHandle::new(remote.gid)
-                };
-                attr.path_mtu = mtu;
-                attr.dest_qpn = remote.qpn;
-                attr.rq_psn = remote.psn;
-                attr.max_dest_rd_atomic = opts.rd_atomic;
-                attr.min_rnr_timer = opts.min_rnr_timer;
-                AttrMask::STATE
-                    | AttrMask::AV
-                    | AttrMask::PATH_MTU
-                    | AttrMask::DEST_QPN
-                    | AttrMask::RQ_PSN
-                    | AttrMask::MAX_DEST_RD_ATOMIC
-                    | AttrMask::MIN_RNR_TIMER
-            }
-        };
-        self.modify(&attr, rtr_mask)?;
-        attr.state = QpState::Rts;
-        attr.sq_psn = opts.local_psn;
-        let rts_mask = match self.qp_type {
-            QpType::Rc => {
-                attr.timeout = opts.timeout;
-                attr.retry_cnt = opts.retry_cnt;
-                attr.rnr_retry = opts.rnr_retry;
-                attr.max_rd_atomic = opts.rd_atomic;
-                AttrMask::STATE
-                    | AttrMask::SQ_PSN
-                    | AttrMask::TIMEOUT
-                    | AttrMask::RETRY_CNT
-                    | AttrMask::RNR_RETRY
-                    | AttrMask::MAX_QP_RD_ATOMIC
-            }
-            _ => AttrMask::STATE | AttrMask::SQ_PSN,
-        };
-        self.modify(&attr, rts_mask)
+        for (state, mask) in bring_up_steps(self.qp_type, QpState::Rts) {
+            self.modify(&QpAttr { state, ..attr }, mask)?;
+        }
+        Ok(())
     }
 
     /// Posts a send WR (`ibv_post_send`) and rings the doorbell: its first packets leave

@@ -647,6 +647,7 @@ mod tests {
         let c = DeviceCounters {
             rx_packets: 1,
             rx_bytes: packet.len() as u64,
+            rx_delivered: 1,
             ..DeviceCounters::default()
         };
         assert_eq!(b.ep.counters, c);
@@ -665,10 +666,10 @@ mod tests {
         let mut b = node("10.0.0.2", 0x12, None);
         a.send(b.addr.ip(), b.qpn, b"ident");
         let (d, mut hdr, mut packet) = a.transmit().unwrap();
-        // The wire carried Identification 0x1234 without DF (a kernel that does not send 0):
-        // the ICRC covers it.
+        // The wire carried Identification 0x1234 with DF (a kernel that numbers DF datagrams,
+        // as Linux 6.18 does for unconnected sockets without IP_PMTUDISC_DO): the ICRC covers
+        // it.
         hdr[14 + 4..14 + 6].copy_from_slice(&0x1234u16.to_be_bytes());
-        hdr[14 + 6] &= !0x40;
         assert!(fill_icrc(&hdr, &mut packet));
         // A UDP socket does not report the IP header.
         let (frame, buf) = b.receive(&d, a.addr, &packet, None);
@@ -679,12 +680,21 @@ mod tests {
             [0x12, 0x34],
             "captured with the real ident"
         );
-        assert_eq!(frame[14 + 6] & 0x40, 0, "and without DF");
+        assert_eq!(frame[14 + 6] & 0x40, 0x40, "and DF");
         assert!(roce_wire::icrc::verify(&frame[14..]));
         assert_eq!(b.completions().len(), 1);
+        // The same without DF: every RoCEv2 sender sets DF, so no solution is taken that
+        // clears it (issue 12: it halves the false-accept rate).
+        a.send(b.addr.ip(), b.qpn, b"ident");
+        let (d2, mut hdr2, mut packet2) = a.transmit().unwrap();
+        hdr2[14 + 4..14 + 6].copy_from_slice(&0x1235u16.to_be_bytes());
+        hdr2[14 + 6] &= !0x40;
+        assert!(fill_icrc(&hdr2, &mut packet2));
+        let _ = b.receive(&d2, a.addr, &packet2, None);
+        assert_eq!(b.ep.counters.rx_icrc_errors, 1, "DF clear: rejected");
         // A backend that reports the header gets all 32 bits checked: ident 0 is wrong here.
         let (_, _) = b.receive(&d, a.addr, &packet, SEEN);
-        assert_eq!(b.ep.counters.rx_icrc_errors, 1);
+        assert_eq!(b.ep.counters.rx_icrc_errors, 2);
     }
 
     #[test]
@@ -733,9 +743,10 @@ mod tests {
         let (frame, _) = b.receive(&v6, a.addr, &packet, SEEN);
         assert!(frame.is_none());
         assert_eq!(b.ep.counters.rx_drop_malformed, 1);
-        // Shorter than a BTH and an ICRC.
+        // Shorter than a BTH and an ICRC: malformed (there is no ICRC to check).
         let _ = b.receive(&d, a.addr, &packet[..8], SEEN);
-        assert_eq!(b.ep.counters.rx_icrc_errors, 1);
+        assert_eq!(b.ep.counters.rx_drop_malformed, 2);
+        assert_eq!(b.ep.counters.rx_icrc_errors, 0);
         // A buffer without room for the headers, and a length past its end.
         let meta = RxMeta {
             len: packet.len(),
@@ -755,7 +766,7 @@ mod tests {
             .ep
             .handle(T0, &meta, &mut short, MAX_HEADERS, 100, false)
             .is_none());
-        assert_eq!(b.ep.counters.rx_drop_malformed, 3);
+        assert_eq!(b.ep.counters.rx_drop_malformed, 4);
         assert_eq!(b.ep.counters.rx_packets, 4);
         assert!(b.completions().is_empty());
     }

@@ -9,6 +9,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use rand::rngs::ChaCha8Rng;
+use rand::{Rng as _, RngExt as _, SeedableRng as _};
 use roce_wire::Qpn;
 
 use crate::mem::{self, HostPtr, Memory};
@@ -150,11 +152,14 @@ impl MrTable {
             capacity <= MAX_CAPACITY,
             "capacity {capacity} > {MAX_CAPACITY}"
         );
-        let mut rng = SplitMix64(seed);
+        // The initial 8-bit keys and free-list order, from the table's seed (the device seeds
+        // it from the OS RNG unless a test asks for a seed); ChaCha8, the generator the
+        // simulator uses too (`roce_qp::fault::SimRng`).
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let slots = (0..=capacity)
             .map(|_| Slot {
                 entry: RwLock::new(Entry {
-                    key: rng.next() as u8,
+                    key: rng.next_u64() as u8,
                     obj: Object::Free,
                 }),
                 mw_refs: AtomicU32::new(0),
@@ -165,7 +170,7 @@ impl MrTable {
         // off-path peer cannot predict rkeys (ReDMArk, USENIX Security 2021).
         let mut free: Vec<u32> = (1..=capacity).collect();
         for i in (1..free.len()).rev() {
-            let j = (rng.next() % (i as u64 + 1)) as usize;
+            let j = rng.random_range(0..=i);
             free.swap(i, j);
         }
         let ctrl = Ctrl {
@@ -1069,20 +1074,6 @@ impl fmt::Debug for Checked<'_> {
             .field("origin", &self.origin)
             .field("needed", &self.needed)
             .finish_non_exhaustive()
-    }
-}
-
-/// splitmix64 (Steele, Lea, Flood 2014): the initial 8-bit keys and free-list order from the
-/// table's seed (the device seeds it from the OS RNG unless a test asks for a seed).
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
     }
 }
 

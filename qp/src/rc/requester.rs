@@ -36,6 +36,64 @@ pub(crate) struct Requester {
     since_ack_req: u32,
     /// Waiting for the RNR timer: send nothing.
     rnr_wait: bool,
+    /// The go-back-N window (RC): most packets sent past the oldest unacknowledged PSN.
+    window: Window,
+}
+
+/// The requester's go-back-N window, in packets (additive increase, multiplicative decrease).
+///
+/// Go-back-N resends everything in flight after a lost (or reordered) packet, so one loss
+/// costs about as many retransmissions as there are packets in flight, and the resent packets
+/// meet the same loss and reordering again: with a fixed window of W packets and a fault
+/// chance q per packet, each round of W packets advances about 1/q packets, about q x W
+/// transmissions per data packet (measured: 10% loss + 10% reordering with W = 512, about 60
+/// transmissions per data packet over the simulator, 54 over udp). The window therefore halves
+/// at every go-back-N episode (a timeout shrinks it to the minimum) and grows again as packets
+/// are acknowledged, by one per acknowledged packet up to `ssthresh`, then by one per window
+/// (TCP's AIMD, RFC 5681): a lossy link keeps few packets in flight and each loss costs a few
+/// retransmissions, a clean link opens it back to `max_inflight_packets` within a few round
+/// trips. It starts fully open, so a link without faults behaves exactly as a fixed window.
+///
+/// Invariant: `MIN_WINDOW <= cwnd <= max`, `MIN_WINDOW <= ssthresh <= max` once `max` is set.
+#[derive(Debug, Default)]
+struct Window {
+    /// Packets allowed in flight now.
+    cwnd: u32,
+    /// Where growth turns from one per acknowledged packet to one per window.
+    ssthresh: u32,
+    /// Packets acknowledged since the last increase above `ssthresh`.
+    acked_credit: u32,
+    /// The ceiling (`QpConfig::max_inflight_packets`), 0 until first used.
+    max: u32,
+    /// The last acknowledged PSN the window has counted.
+    acked: Psn,
+}
+
+/// The smallest go-back-N window: enough to keep a message end and an AckReq in flight.
+const MIN_WINDOW: u32 = 4;
+
+impl Window {
+    fn reset(&mut self, acked: Psn) {
+        *self = Self {
+            acked,
+            ..Self::default()
+        };
+    }
+
+    /// Opens the window to `max` the first time (and follows a changed configuration).
+    fn ensure(&mut self, max: u32) {
+        let max = max.max(1);
+        if self.max != max {
+            self.max = max;
+            self.cwnd = max;
+            self.ssthresh = max;
+            self.acked_credit = 0;
+        }
+    }
+
+    fn limit(&self) -> u32 {
+        self.cwnd.clamp(1, self.max.max(1))
+    }
 }
 
 impl Requester {
@@ -44,6 +102,44 @@ impl Requester {
         self.high_psn = sq_psn;
         self.rnr_wait = false;
         self.since_ack_req = 0;
+        self.window.reset(sq_psn.sub(1));
+    }
+
+    /// The completer acknowledged every PSN up to `acked`: the window grows.
+    pub(crate) fn window_acked(&mut self, acked: Psn) {
+        let w = &mut self.window;
+        let n = acked.diff(w.acked);
+        if n <= 0 || w.max == 0 {
+            return;
+        }
+        w.acked = acked;
+        let mut n = n as u32;
+        if w.cwnd < w.ssthresh {
+            let step = n.min(w.ssthresh - w.cwnd);
+            w.cwnd += step;
+            n -= step;
+        }
+        w.acked_credit = w.acked_credit.saturating_add(n);
+        while w.acked_credit >= w.cwnd && w.cwnd < w.max {
+            w.acked_credit -= w.cwnd;
+            w.cwnd += 1;
+        }
+        if w.cwnd >= w.max {
+            w.acked_credit = 0;
+        }
+    }
+
+    /// A go-back-N episode starts after a sequence NAK or a lost READ/atomic response: the
+    /// window halves. `timeout`: after an ACK timeout it drops to the minimum.
+    pub(crate) fn window_loss(&mut self, timeout: bool) {
+        let w = &mut self.window;
+        if w.max == 0 {
+            return;
+        }
+        let floor = MIN_WINDOW.min(w.max);
+        w.ssthresh = (w.cwnd / 2).max(floor);
+        w.cwnd = if timeout { floor } else { w.ssthresh };
+        w.acked_credit = 0;
     }
 
     /// Highest PSN ever sent + 1.
@@ -171,8 +267,9 @@ impl Requester {
                 return None; // SQD: finish what is in flight, start nothing new.
             }
             if cx.qp_type() == QpType::Rc {
+                self.window.ensure(cx.cfg.max_inflight_packets);
                 if let Some(una) = cx.sq.una_psn(acked) {
-                    if self.next_psn.diff(una) >= cx.cfg.max_inflight_packets as i32 {
+                    if self.next_psn.diff(una) >= self.window.limit() as i32 {
                         return None;
                     }
                 }
@@ -188,11 +285,24 @@ impl Requester {
                     }
                 }
             }
-            return self.build_request(cx, now, buf);
+            // The packet that fills the window asks for an ACK, or nothing would open it again
+            // before the ACK timeout.
+            let fills_window = cx.qp_type() == QpType::Rc
+                && cx
+                    .sq
+                    .una_psn(acked)
+                    .is_some_and(|una| self.next_psn.diff(una) + 1 >= self.window.limit() as i32);
+            return self.build_request(cx, now, buf, fills_window);
         }
     }
 
-    fn build_request(&mut self, cx: &mut QpCtx<'_>, now: Instant, buf: &mut [u8]) -> Option<usize> {
+    fn build_request(
+        &mut self,
+        cx: &mut QpCtx<'_>,
+        now: Instant,
+        buf: &mut [u8],
+        fills_window: bool,
+    ) -> Option<usize> {
         let cur = cx.sq.cur;
         let mtu = cx.attr.path_mtu.bytes() as u64;
         let uc = cx.qp_type() == QpType::Uc;
@@ -329,7 +439,8 @@ impl Requester {
                                 | SendOp::RdmaWriteWithImm { .. }
                         );
                 }
-                b.ack_req = !uc && (last || self.since_ack_req + 1 >= ack_req_every);
+                b.ack_req =
+                    !uc && (last || fills_window || self.since_ack_req + 1 >= ack_req_every);
                 ((w.len - offset.min(w.len)).min(mtu) as usize, 1)
             }
         };

@@ -336,6 +336,14 @@ impl Completer {
                 packet.bth.opcode,
                 Opcode::RcRdmaReadResponseMiddle | Opcode::RcRdmaReadResponseLast
             );
+        if (packet.payload.len() as u64) > remaining && !middle_first {
+            // More data than the READ asked for: rxe's do_read -> copy_data finds the
+            // response longer than what is left of the local buffer and completes the WQE with
+            // LOC_PROT_ERR (the QP enters ERR). The response was processed, not dropped;
+            // nothing is written.
+            cx.fail_front(WcStatus::LocProtErr);
+            return;
+        }
         if !len_ok || middle_first {
             cx.stats.drop_length += 1;
             cx.fail_front(WcStatus::BadRespErr);

@@ -323,8 +323,11 @@ impl Completer {
             packet.bth.opcode,
             Opcode::RcRdmaReadResponseLast | Opcode::RcRdmaReadResponseOnly
         );
+        // A LAST/ONLY ends the WQE, or (a READ split while the window is shrunk, see the
+        // requester) one of its requests: then it carries a full MTU and more remains.
+        let ends_wqe = is_last && packet.payload.len() as u64 == remaining;
         let len_ok = if is_last {
-            packet.payload.len() as u64 == remaining
+            ends_wqe || (packet.payload.len() == mtu && (mtu as u64) < remaining)
         } else {
             packet.payload.len() == mtu && (packet.payload.len() as u64) < remaining
         };
@@ -361,7 +364,7 @@ impl Completer {
         let w = cx.sq.front_mut().expect("front READ WQE");
         w.read_pkts_done += 1;
         self.advance_acked(psn);
-        if is_last {
+        if ends_wqe {
             cx.complete_front(WcStatus::Success);
             self.complete_covered(req, cx);
         }

@@ -72,6 +72,9 @@ struct Window {
 /// The smallest go-back-N window: enough to keep a message end and an AckReq in flight.
 const MIN_WINDOW: u32 = 4;
 
+/// While the window is shrunk, READ requests end at multiples of this many response packets.
+const READ_SPLIT: u32 = 16;
+
 impl Window {
     fn reset(&mut self, acked: Psn) {
         *self = Self {
@@ -285,14 +288,15 @@ impl Requester {
                     }
                 }
             }
-            // The packet that fills the window asks for an ACK, or nothing would open it again
-            // before the ACK timeout.
-            let fills_window = cx.qp_type() == QpType::Rc
-                && cx
-                    .sq
-                    .una_psn(acked)
-                    .is_some_and(|una| self.next_psn.diff(una) + 1 >= self.window.limit() as i32);
-            return self.build_request(cx, now, buf, fills_window);
+            // Room left in the window, in packets (at least 1 here). The packet that fills it
+            // asks for an ACK, or nothing would open it again before the ACK timeout.
+            let room = match cx.sq.una_psn(acked) {
+                Some(una) if cx.qp_type() == QpType::Rc => {
+                    (self.window.limit() as i32 - self.next_psn.diff(una)).max(1) as u32
+                }
+                _ => self.window.limit(),
+            };
+            return self.build_request(cx, now, buf, room);
         }
     }
 
@@ -301,8 +305,17 @@ impl Requester {
         cx: &mut QpCtx<'_>,
         now: Instant,
         buf: &mut [u8],
-        fills_window: bool,
+        room: u32,
     ) -> Option<usize> {
+        let fills_window = cx.qp_type() == QpType::Rc && room <= 1;
+        // While the window is shrunk after losses, a READ asks for at most the packets up to
+        // the next multiple of READ_SPLIT: its response stream is go-back-N too (a lost
+        // response packet drops the rest of the stream until the READ is re-requested), so an
+        // unbounded READ would cost up to its whole length per loss. Splitting on a fixed grid
+        // keeps every re-request inside the range of one request already sent (the responder
+        // replays a duplicate READ only inside one saved resource). With the window fully
+        // open a READ is one request, as before.
+        let split_reads = self.window.cwnd < self.window.max;
         let cur = cx.sq.cur;
         let mtu = cx.attr.path_mtu.bytes() as u64;
         let uc = cx.qp_type() == QpType::Uc;
@@ -341,14 +354,24 @@ impl Requester {
         let offset = u64::from(pkt) * mtu;
         let (payload_len, psn_span) = match op {
             SendOp::RdmaRead { remote_addr, rkey } => {
+                let span = if split_reads {
+                    (npkts - pkt).min(READ_SPLIT - pkt % READ_SPLIT)
+                } else {
+                    npkts - pkt
+                };
                 let remaining = w.len - offset.min(w.len);
+                let len = if pkt + span >= npkts {
+                    remaining
+                } else {
+                    u64::from(span) * mtu
+                };
                 ext.reth = Some(reth::Repr {
                     va: remote_addr.wrapping_add(offset),
                     rkey,
-                    dma_len: u32::try_from(remaining).unwrap_or(u32::MAX),
+                    dma_len: u32::try_from(len).unwrap_or(u32::MAX),
                 });
                 b.ack_req = true;
-                (0, npkts - pkt)
+                (0, span)
             }
             SendOp::AtomicCmpAndSwp {
                 remote_addr,
@@ -471,13 +494,16 @@ impl Requester {
         }
         self.since_ack_req = if b.ack_req { 0 } else { self.since_ack_req + 1 };
         cx.stats.tx_bytes += payload_len as u64;
-        let done = last || op.is_read_or_atomic();
+        let done = match op {
+            SendOp::RdmaRead { .. } => pkt + psn_span >= npkts,
+            _ => last || op.is_read_or_atomic(),
+        };
         if done {
             w.all_sent = true;
             cx.sq.cur += 1;
             cx.sq.cur_pkt = 0;
         } else {
-            cx.sq.cur_pkt += 1;
+            cx.sq.cur_pkt += psn_span;
         }
         if uc {
             if done {

@@ -9,7 +9,10 @@
 //! and 10% reordering).
 
 use roce_qp::testing::{LinkConfig, Pair, PairConfig};
-use roce_qp::verbs::{QpType, SendOp, SendWr, WcStatus};
+use roce_qp::verbs::{QpState, QpType, SendOp, SendWr, WcStatus};
+use roce_qp::RecvMeta;
+use roce_wire::aeth::{self, NakCode, Syndrome};
+use roce_wire::{bth, Ext, Msn, Opcode, PacketRepr};
 
 /// Runs `n` RDMA WRITEs of `len` bytes from A to B over `link`; returns (data packets,
 /// transmissions by A, retransmissions by A, B's sequence NAKs sent).
@@ -144,4 +147,49 @@ fn read_responses_under_loss_cost_a_bounded_number_of_retransmissions() {
             "seed {seed}: {sent} response packets for {data} data packets"
         );
     }
+}
+
+/// The responder NAKs a sequence error again each time packets sent before the requester's
+/// rewind arrive out of sequence; those repeats name the PSN the requester already went back
+/// to. They must neither rewind again nor spend `retry_cnt`: eight NAKs for the same PSN
+/// with nothing acknowledged cost one rewind (4 retransmissions), and the QP stays in RTS
+/// (before the fix: 8 rewinds, then RETRY_EXC_ERR at the eighth with retry_cnt 7).
+#[test]
+fn repeated_sequence_naks_for_the_same_psn_rewind_once_and_spend_no_retry() {
+    let mut pair = Pair::new(PairConfig::new(QpType::Rc, 7));
+    pair.drop_matching(0, Box::new(|_| true));
+    let src = pair.a.register(&[0x11; 4096]);
+    let dst = pair.b.register(&[0u8; 4096]);
+    let wr = SendWr::new(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: dst.addr,
+            rkey: dst.rkey(),
+        },
+        vec![src.sge(0, 4096)],
+    );
+    pair.a.qp.post_send(pair.now, wr).unwrap();
+    pair.step();
+    assert_eq!(pair.a.qp.stats().tx_packets, 4);
+    let psn = pair.a.qp.attr().sq_psn;
+    let mut b = bth::Repr::new(Opcode::RcAcknowledge, pair.a.qp.qpn(), psn);
+    b.pkey = roce_wire::PKey::DEFAULT;
+    let ext = Ext {
+        aeth: Some(aeth::Repr {
+            syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
+            msn: Msn::new(0),
+        }),
+        ..Ext::default()
+    };
+    let nak = PacketRepr::new(b, ext, &[]);
+    let meta = RecvMeta::new(pair.b.gid, pair.a.gid);
+    for _ in 0..8 {
+        pair.a.qp.handle_packet(pair.now, &nak, &meta);
+        pair.step();
+    }
+    let st = pair.a.qp.stats();
+    assert_eq!(st.seq_naks_received, 8, "{st:?}");
+    assert_eq!(st.retransmitted_packets, 4, "one rewind: {st:?}");
+    assert_eq!(pair.a.qp.state(), QpState::Rts);
+    assert!(pair.a.send_completions().is_empty());
 }

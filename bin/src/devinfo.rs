@@ -95,6 +95,12 @@ fn describe(out: &mut String, dev: &NetDevice, verbose: bool, limits: Option<&De
         let _ = writeln!(out, "\tmax_qp_rd_atom:\t\t\t{}", a.max_qp_rd_atom);
         let _ = writeln!(out, "\tmax_qp_init_rd_atom:\t\t{}", a.max_qp_init_rd_atom);
         let _ = writeln!(out, "\tatomic_cap:\t\t\t{} (1)", a.atomic_cap);
+        // As ibv_devinfo -v: the hex value, then one flag name per line.
+        let flags = a.device_cap_flags_ex;
+        let _ = writeln!(out, "\tdevice_cap_flags_ex:\t\t0x{:X}", flags.bits());
+        for name in flags.names() {
+            let _ = writeln!(out, "\t\t\t\t\t{name}");
+        }
     }
     let max = Mtu::for_netdev_mtu((dev.mtu as usize).min(4096 + 80));
     let (state, phys) = if dev.up && dev.running {
@@ -215,6 +221,35 @@ mod tests {
         );
         assert!(
             out.contains("\t\t\tGID[  1]:\t\t::ffff:10.77.0.1, RoCE v2\n"),
+            "{out}"
+        );
+    }
+
+    /// `-v` prints the extended capabilities as ibv_devinfo -v does: the value, then a name
+    /// per line.
+    #[test]
+    fn verbose_shows_the_extended_capabilities() {
+        let net = roce_transport::SimNetwork::perfect();
+        let config = DeviceConfig::sim(&net, "10.9.4.1".parse().unwrap()).name("sim-v");
+        let attr = Device::open(config).unwrap().query_device();
+        let dev = NetDevice {
+            name: "sim-v".into(),
+            index: 2,
+            mac: None,
+            mtu: 1500,
+            up: true,
+            running: true,
+            loopback: false,
+            ipv4: vec![],
+            ipv6: vec![],
+        };
+        let mut out = String::new();
+        describe(&mut out, &dev, true, Some(&attr));
+        assert!(
+            out.contains(
+                "\tdevice_cap_flags_ex:\t\t0x1C000000000\n\t\t\t\t\tFLUSH_GLOBAL\n\
+                 \t\t\t\t\tFLUSH_PERSISTENT\n\t\t\t\t\tATOMIC_WRITE\n"
+            ),
             "{out}"
         );
     }

@@ -1701,11 +1701,10 @@ fn hostile_responder() {
 }
 
 /// [`hostile_responder`] with rxe's completion status for an over-long READ response:
-/// `IBV_WC_LOC_PROT_ERR` (do_read -> copy_data fails). rocectl today completes it with
-/// `IBV_WC_BAD_RESP_ERR` (nothing written past the buffer either way), and counts the
-/// response twice (`rx_packets` and `drop_length`).
+/// `IBV_WC_LOC_PROT_ERR` (do_read -> copy_data fails), the response counted once as
+/// processed. rocectl's completer does the same (issue 12; it used to complete it with
+/// `IBV_WC_BAD_RESP_ERR` and count it as a drop too).
 #[test]
-#[ignore = "issue 12: rxe completes an over-long READ response with LOC_PROT_ERR, we with BAD_RESP_ERR (and count it twice); decide and fix in the completer (not assigned)"]
 fn hostile_responder_rxe_status() {
     with_lab("requester-s", |lab| requester_cases(lab, true));
 }
@@ -1819,15 +1818,23 @@ impl Lab {
 
 // ---------------------------------------------------- known differences from rxe --
 
-/// SEND ONLY WITH INVALIDATE naming an rkey that is not ours to invalidate: rxe's execute()
-/// fails invalidate_rkey -> RESPST_ERR_INVALIDATE_RKEY ("Class J"): goto_error and the
-/// receive WR completes with REM_INV_REQ_ERR, but the AETH syndrome is left at
-/// AETH_ACK_UNLIMITED, so acknowledge() sends a plain ACK (PSN of the request, MSN not
-/// advanced) before the QP goes to ERR. rocectl today NAKs 0x61 (invalid request), which is
-/// what the requester needs to learn of the failure; rxe's ACK looks like an rxe quirk. The
-/// lead decides which to follow.
+/// SEND ONLY WITH INVALIDATE naming an rkey that is not ours to invalidate. The two stacks
+/// differ, and we keep ours:
+/// - rxe: execute() fails invalidate_rkey -> RESPST_ERR_INVALIDATE_RKEY ("Class J"):
+///   goto_error and the receive WR completes with REM_INV_REQ_ERR, but the AETH syndrome is
+///   left at AETH_ACK_UNLIMITED, so acknowledge() sends a plain ACK (PSN of the request, MSN
+///   not advanced) before the QP goes to ERR: the requester completes its SEND with SUCCESS
+///   although the responder failed it.
+/// - rocectl: NAK invalid request (0x61), then ERR on both sides.
+///
+/// IBTA vol. 1 (1.4, 9.7.5.2.4 and the responder error table of 9.9.3; SEND with Invalidate
+/// 10.6.7.2): a request the responder cannot carry out for a reason of the request itself (an
+/// invalidate of an R_Key that is not valid for this QP's PD, a bound Type 1 window, a
+/// memory region) is an Invalid Request error, reported to the requester with a NAK-Invalid
+/// Request; a responder never acknowledges a request it did not execute (9.7.5.1: an ACK
+/// means the request was executed). rxe's ACK is its quirk (the syndrome is never set on
+/// this path), so the requester would not learn of the failure; this test asserts ours.
 #[test]
-#[ignore = "issue 12: rxe ACKs a SEND WITH INVALIDATE of a foreign rkey (then ERR), we NAK 0x61; decide (not assigned)"]
 fn send_with_invalidate_of_a_foreign_rkey() {
     with_lab("send-inv", |lab| {
         lab.begin("SEND WITH INVALIDATE of a foreign rkey");
@@ -1844,7 +1851,8 @@ fn send_with_invalidate_of_a_foreign_rkey() {
         req.ext.ieth = Some(roce_wire::ieth::Repr {
             rkey: lab.legit.victim_dst.1,
         });
-        lab.exchange(&req, &ack(h.peer_qpn, h.start, ACK, 0));
+        // rxe would answer `ack(h.peer_qpn, h.start, ACK, 0)` here.
+        lab.exchange(&req, &ack(h.peer_qpn, h.start, NAK_INV, 0));
         lab.assert_dead(&mut h);
         lab.end(fatal());
     });
@@ -1896,9 +1904,9 @@ fn pad_count_larger_than_payload() {
 /// A WRITE ONLY whose UDP payload is not a multiple of 4 (5 payload bytes, PadCnt 0, no
 /// pad bytes): rxe does not check the alignment of the packet length; check_rkey finds
 /// pktlen == resid but `bth_pad(pkt) != (0x3 & (-resid))` -> RESPST_ERR_LENGTH -> NAK 0x61.
-/// rocectl today drops it as malformed (`ParseError::BadLength`), silently.
+/// rocectl's endpoint hands such a request (which wire cannot parse, `ParseError::BadLength`)
+/// to its QP like one with a bad PadCnt (`handle_bad_pad`): the same NAK 0x61 (issue 12).
 #[test]
-#[ignore = "issue 12: waits for a fix (not assigned yet): rxe NAKs 0x61 an unaligned packet length, we drop it"]
 fn unaligned_packet_length() {
     lone_fatal_case("unaligned-len", NAK_INV, |h, lab| {
         vec![Request::new(Opcode::RcRdmaWriteOnly, h.qpn(), h.next())
@@ -1911,34 +1919,37 @@ fn unaligned_packet_length() {
 }
 
 /// A WRITE whose LAST packet comes early: FIRST announces 3 x MTU, LAST carries one MTU
-/// after it. rxe's check_rkey only requires `pktlen == mtu && !pad` while more than an MTU
-/// remains, so it executes the LAST, completes the message (MSN 1) and ACKs it. rocectl
-/// today NAKs 0x61 (the message ends before its DMA length). IBTA C9-... may side with us:
-/// the lead decides whether to follow rxe here.
+/// after it. The two stacks differ, and we keep ours:
+/// - rxe: check_rkey only requires `pktlen == mtu && !pad` while more than an MTU remains, so
+///   it executes the LAST, completes the message (MSN 1) and ACKs it
+///   (`ack(h.peer_qpn, h.start.add(1), ACK, 1)`), with 2 x MTU of the 3 x MTU written.
+/// - rocectl: NAK invalid request (0x61) for the LAST, then ERR on both sides.
+///
+/// IBTA vol. 1 (1.4) 9.7.4.1.4/9.7.5.2.4: the RETH DMA Length is the length of the whole RDMA
+/// WRITE message, and a message whose payload does not add up to it (a LAST that ends it
+/// early, or data past it) is a length error, which the responder reports with a
+/// NAK-Invalid Request (a class C error in the responder error table, the QP goes to the
+/// error state). rxe only checks that the data does not run past the DMA length, which is
+/// lax; this test asserts ours.
 #[test]
-#[ignore = "issue 12: rxe ACKs a WRITE that ends before its DMA length, we NAK 0x61; decide and fix (not assigned)"]
 fn write_ending_before_its_dma_length() {
-    with_lab("short-write", |lab| {
-        lab.begin("WRITE LAST before the DMA length");
+    lone_fatal_case("short-write", NAK_INV, |h, lab| {
         let mtu = lab.mtu;
-        let mut h = lab.connect();
         let first = Request::new(Opcode::RcRdmaWriteFirst, h.qpn(), h.next())
             .reth(lab.target.addr(), lab.target.rkey(), 3 * mtu as u32)
             .payload(vec![0xAB; mtu]);
         let last = Request::new(Opcode::RcRdmaWriteLast, h.qpn(), h.next())
             .ack_req()
             .payload(vec![0xCD; mtu]);
-        lab.send(&first);
-        lab.exchange(&last, &ack(h.peer_qpn, h.start.add(1), ACK, 1));
-        lab.end(accepted(2));
+        vec![first, last]
     });
 }
 
 /// An RDMA READ request carrying payload bytes: rxe's check_length only bounds an "only"
 /// packet's payload by the MTU and the READ path ignores it -> a normal READ response.
-/// rocectl today drops it as malformed (`ParseError::UnexpectedPayload`), silently.
+/// rocectl's endpoint parses a READ request, an atomic or a FLUSH without the bytes after
+/// its headers (`PacketRepr::parse_payloadless_request`) and answers it the same (issue 12).
 #[test]
-#[ignore = "issue 12: waits for a fix (not assigned yet): rxe answers a READ request with a payload, we drop it"]
 fn read_request_with_payload() {
     with_lab("read-payload", |lab| {
         lab.begin("READ request with a payload");
@@ -1958,5 +1969,47 @@ fn read_request_with_payload() {
         };
         lab.exchange(&req, &want);
         lab.end(accepted(1));
+    });
+}
+
+/// A READ request and a FETCH_ADD with a nonzero PadCnt (and no pad bytes): rxe reads only
+/// their RETH/AtomicETH and executes them as usual; rocectl parses them without the pad
+/// (`PacketRepr::parse_payloadless_request`) and answers the same (issue 12).
+//= rxe_resp.c check_length, read_reply, atomic_reply
+#[test]
+fn read_and_atomic_with_a_pad_count() {
+    with_lab("read-atomic-pad", |lab| {
+        lab.begin("READ request and FETCH_ADD with PadCnt");
+        lab.target.write(0, b"readable").unwrap();
+        lab.target.write(64, &100u64.to_ne_bytes()).unwrap();
+        let mut h = lab.connect();
+        let read = read_req(&mut h, lab.target.addr(), lab.target.rkey(), 8).pad_cnt(3);
+        let want = Answer {
+            opcode: Opcode::RcRdmaReadResponseOnly,
+            dest_qp: h.peer_qpn,
+            psn: h.start,
+            syndrome: Some(Syndrome::ACK_UNLIMITED),
+            msn: Some(Msn::new(1)),
+            orig: None,
+            reth: None,
+            payload: b"readable".to_vec(),
+        };
+        lab.exchange(&read, &want);
+        let fa = fetch_add(&mut h, lab.target.addr() + 64, lab.target.rkey(), 5).pad_cnt(2);
+        let want = Answer {
+            opcode: Opcode::RcAtomicAcknowledge,
+            dest_qp: h.peer_qpn,
+            psn: fa.bth.psn,
+            syndrome: Some(Syndrome::ACK_UNLIMITED),
+            msn: Some(Msn::new(2)),
+            orig: Some(100),
+            reth: None,
+            payload: Vec::new(),
+        };
+        lab.exchange(&fa, &want);
+        let mut word = [0u8; 8];
+        lab.target.read(64, &mut word).unwrap();
+        assert_eq!(u64::from_ne_bytes(word), 105, "{}", lab.ctx());
+        lab.end(accepted(2));
     });
 }

@@ -390,8 +390,8 @@ impl QueuePair {
     }
 
     /// Feeds a packet addressed to this QP that the transport could not parse because its BTH
-    /// PadCnt is larger than the bytes after its headers (`ParseError::BadPadCount`); `bth` is
-    /// its parsed BTH. Linux rxe answers such a request as a length error: an in-sequence RC
+    /// PadCnt is larger than the bytes after its headers (`ParseError::BadPadCount`) or whose
+    /// length is not a multiple of 4 (`ParseError::BadLength`); `bth` is its parsed BTH. Linux rxe answers such a request as a length error: an in-sequence RC
     /// SEND, RDMA WRITE or ATOMIC WRITE is NAKed invalid request (0x61) and the QP enters ERR;
     /// UC drops the message; other opcodes are dropped (counted in `drop_length`).
     pub fn handle_bad_pad(&mut self, _now: Instant, bth: &roce_wire::bth::Repr, meta: &RecvMeta) {

@@ -214,11 +214,19 @@ impl Endpoint {
         udp_payload: usize,
     ) {
         let bytes = &ip_packet[udp_payload..];
-        let parsed = PacketRepr::parse(bytes);
-        // A request whose PadCnt is larger than its payload cannot be parsed, yet rxe answers
-        // it (a length error: NAK invalid request): such a packet still goes to its QP.
+        // A READ request, atomic or FLUSH with bytes after its headers, a PadCnt or an odd
+        // length: rxe ignores those bytes and executes it, so it is parsed without them.
+        let parsed = PacketRepr::parse(bytes).or_else(|e| match e {
+            ParseError::UnexpectedPayload | ParseError::BadPadCount | ParseError::BadLength => {
+                PacketRepr::parse_payloadless_request(bytes).ok_or(e)
+            }
+            _ => Err(e),
+        });
+        // Any other packet whose PadCnt is larger than its payload, or whose length is not a
+        // multiple of 4, cannot be parsed, yet rxe answers such a request (a length error:
+        // NAK invalid request): it still goes to its QP.
         let bad_pad = match &parsed {
-            Err(ParseError::BadPadCount) => bth::Packet::new_checked(bytes)
+            Err(ParseError::BadPadCount | ParseError::BadLength) => bth::Packet::new_checked(bytes)
                 .and_then(|p| bth::Repr::parse(&p))
                 .ok(),
             _ => None,

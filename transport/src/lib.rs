@@ -78,14 +78,16 @@ pub use capture::CaptureFile;
 pub use counters::{Counters, DeviceCounters};
 pub use cq::AsyncEvent;
 pub use datapath::sim::{LinkConfig, SimNetwork, SimStats};
-pub use device::{Backend, Device, DeviceAttr, DeviceConfig, PortAttr, PortState, Progress};
+pub use device::{
+    Backend, Device, DeviceAttr, DeviceCapFlagsEx, DeviceConfig, PortAttr, PortState, Progress,
+};
 pub use error::{OpenError, VerbsError};
 pub use netdev::{GidEntry, GidType};
 pub use roce_mr::{Access, AccessError};
 pub use roce_qp::state::{AttrMask, ModifyError, QpAttr};
 pub use roce_qp::verbs::{
-    AddressHandle, Completion, Mtu, QpState, QpType, RecvWr, SendData, SendOp, SendWr, Sge, UdDest,
-    WcOpcode, WcStatus,
+    AddressHandle, Completion, FlushLevel, FlushPlacement, Mtu, QpState, QpType, RecvWr, SendData,
+    SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus,
 };
 pub use roce_qp::{Event, PostError, QpConfig, QpStats};
 pub use roce_wire::{Gid, LKey, Psn, QKey, Qpn, RKey};

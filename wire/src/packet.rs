@@ -14,7 +14,7 @@
 use core::fmt;
 
 use crate::icrc::ICRC_LEN;
-use crate::opcode::ExtHeaders;
+use crate::opcode::{ExtHeaders, Operation};
 use crate::{
     aeth, atomic_ack_eth, atomic_eth, bth, cnp, deth, feth, ieth, immdt, reth, Opcode, ParseError,
     Result,
@@ -232,6 +232,40 @@ impl<'a> PacketRepr<'a> {
         })
     }
 
+    /// A lenient parse for a request that carries no payload (RDMA READ request, the two
+    /// atomics, FLUSH) which [`Self::parse`] refused only for bytes after its headers: a
+    /// payload (`UnexpectedPayload`), a PadCnt (`BadPadCount`) or a length that is not a
+    /// multiple of 4 (`BadLength`). Linux rxe executes such requests as if the extra bytes
+    /// and the pad were absent (`rxe_resp.c` reads only the RETH/AtomicETH of them), so a
+    /// responder that answers like rxe parses them here: the payload is empty and PadCnt is
+    /// kept as received. Every other check of [`Self::parse`] still applies. `None` for any
+    /// other opcode or a packet that fails those checks.
+    pub fn parse_payloadless_request(udp_payload: &'a [u8]) -> Option<Self> {
+        if udp_payload.len() < MIN_LEN {
+            return None;
+        }
+        let bth =
+            bth::Repr::parse(&bth::Packet::new_unchecked(&udp_payload[..bth::HEADER_LEN])).ok()?;
+        let info = bth.opcode.info()?;
+        if !matches!(
+            info.operation,
+            Operation::ReadRequest
+                | Operation::CompareSwap
+                | Operation::FetchAdd
+                | Operation::Flush
+        ) || info.payload
+        {
+            return None;
+        }
+        let body = &udp_payload[bth::HEADER_LEN..udp_payload.len() - ICRC_LEN];
+        let ext = Ext::parse(info.ext, body).ok()?;
+        Some(Self {
+            bth,
+            ext,
+            payload: &[],
+        })
+    }
+
     /// Length of BTH + extension headers.
     pub const fn header_len(&self) -> usize {
         bth::HEADER_LEN + self.ext.len()
@@ -362,6 +396,43 @@ mod tests {
     fn unknown_opcode_is_kept() {
         let repr = PacketRepr::new(bth(Opcode::Unknown(0x44)), Ext::default(), b"rd packet");
         roundtrip(&repr);
+    }
+
+    /// READ requests, atomics and FLUSH with bytes after their headers, a PadCnt or an odd
+    /// length parse leniently (as rxe executes them); nothing else does.
+    #[test]
+    fn payloadless_requests_parse_leniently() {
+        let reth = reth::Repr {
+            va: 0x1000,
+            rkey: RKey::new(7),
+            dma_len: 8,
+        };
+        let ext = Ext {
+            reth: Some(reth),
+            ..Ext::default()
+        };
+        let mut b = bth(Opcode::RcRdmaReadRequest);
+        b.pad_cnt = 2;
+        // BTH + RETH + 5 payload bytes + ICRC: not a multiple of 4, PadCnt 2.
+        let mut buf = [0u8; 12 + 16 + 5 + 4];
+        b.emit(&mut bth::Packet::new_unchecked(&mut buf[..12]));
+        ext.emit(&mut buf[12..28]);
+        assert_eq!(PacketRepr::parse(&buf), Err(ParseError::BadLength));
+        let p = PacketRepr::parse_payloadless_request(&buf).unwrap();
+        assert_eq!((p.ext.reth, p.payload), (Some(reth), &[][..]));
+        assert!(PacketRepr::parse_payloadless_request(&buf[..24]).is_none());
+        // A payload-bearing request, a response and an ACK are never parsed this way.
+        for op in [
+            Opcode::RcSendOnly,
+            Opcode::RcRdmaWriteOnly,
+            Opcode::RcAcknowledge,
+        ] {
+            bth(op).emit(&mut bth::Packet::new_unchecked(&mut buf[..12]));
+            assert!(
+                PacketRepr::parse_payloadless_request(&buf).is_none(),
+                "{op:?}"
+            );
+        }
     }
 
     #[test]

@@ -9,7 +9,11 @@
 //! - An ACK that covers a READ or atomic whose response has not arrived means that response
 //!   was lost: retry from the READ's first missing PSN (rxe `check_psn`, implied NAK).
 //! - NAK PSN sequence error at p: everything before p is acknowledged; go back to p; one
-//!   `retry_cnt` spent. `retry_cnt` 7 means seven retries (IBTA); only `rnr_retry` 7 is
+//!   `retry_cnt` spent unless the NAK acknowledged something. A repeated NAK for the PSN the
+//!   requester already went back to, with nothing acknowledged since, neither goes back again
+//!   nor spends a retry (the responder NAKs again when packets sent before the rewind arrive
+//!   out of sequence). Every go-back-N episode shrinks the requester's window (see
+//!   `requester::Window`). `retry_cnt` 7 means seven retries (IBTA); only `rnr_retry` 7 is
 //!   infinite (rxe also treats `retry_cnt` 7 as infinite: we do not).
 //! - RNR NAK at p: acknowledged before p; wait the encoded time, then go back to p; one
 //!   `rnr_retry` spent (7 = infinite).
@@ -40,12 +44,17 @@ pub(crate) struct Completer {
     retry_left: u8,
     /// Retries left for RNR NAKs (7 = infinite).
     rnr_retry_left: u8,
+    /// The PSN the requester last went back to (sequence NAK, lost response, ACK timeout),
+    /// while nothing after it is acknowledged: a sequence NAK for that same PSN repeats the
+    /// one the rewind already answered and does not rewind again.
+    rewound_to: Option<Psn>,
 }
 
 impl Completer {
     /// A new send PSN: nothing before it is outstanding.
     pub(crate) fn reset(&mut self, sq_psn: Psn) {
         self.acked_psn = sq_psn.sub(1);
+        self.rewound_to = None;
     }
 
     /// Reloads both retry budgets from the attributes.
@@ -74,7 +83,9 @@ impl Completer {
                 match aeth.syndrome {
                     Syndrome::Ack { .. } => self.on_ack(req, cx, now, psn),
                     Syndrome::RnrNak { timer } => self.on_rnr_nak(req, cx, now, psn, timer),
-                    Syndrome::Nak(NakCode::PsnSequenceError) => self.on_seq_nak(req, cx, psn),
+                    Syndrome::Nak(NakCode::PsnSequenceError) => {
+                        self.on_seq_nak(req, cx, psn);
+                    }
                     Syndrome::Nak(code) => self.on_fatal_nak(req, cx, psn, code),
                     Syndrome::Reserved(_) => cx.stats.drop_opcode += 1,
                 }
@@ -100,9 +111,7 @@ impl Completer {
     /// Returns false if a READ/atomic before `psn` is still unanswered (its response was
     /// lost; the caller retries).
     fn ack_through(&mut self, cx: &mut QpCtx<'_>, psn: Psn) -> bool {
-        if psn.is_after(self.acked_psn) {
-            self.acked_psn = psn;
-        }
+        self.advance_acked(psn);
         while let Some(w) = cx.sq.front() {
             let (Some(first), Some(last)) = (w.first_psn, w.last_psn()) else {
                 break;
@@ -126,8 +135,32 @@ impl Completer {
         true
     }
 
-    fn progress_made(&mut self, req: &Requester, cx: &mut QpCtx<'_>, now: Instant) {
+    /// Moves the cumulative acknowledgement forward to `psn` (never back); once the PSN the
+    /// requester went back to is acknowledged, that retry episode is over.
+    fn advance_acked(&mut self, psn: Psn) {
+        if psn.is_after(self.acked_psn) {
+            self.acked_psn = psn;
+        }
+        if self.rewound_to.is_some_and(|r| !r.is_after(self.acked_psn)) {
+            self.rewound_to = None;
+        }
+    }
+
+    /// Go-back-N: resume transmission at `psn`.
+    fn rewind(&mut self, req: &mut Requester, cx: &mut QpCtx<'_>, psn: Psn) {
+        self.rewound_to = Some(psn);
+        req.go_back(cx.sq, psn);
+    }
+
+    /// A go-back-N episode for a lost packet (not RNR): rewind, and the window shrinks.
+    fn rewind_lost(&mut self, req: &mut Requester, cx: &mut QpCtx<'_>, psn: Psn, timeout: bool) {
+        req.window_loss(timeout);
+        self.rewind(req, cx, psn);
+    }
+
+    fn progress_made(&mut self, req: &mut Requester, cx: &mut QpCtx<'_>, now: Instant) {
         self.reload_retries(cx.attr);
+        req.window_acked(self.acked_psn);
         cx.timers.stop(Timer::AckTimeout);
         if req.has_outstanding(cx.sq, self.acked_psn) {
             if let Some(ns) = ack_timeout_ns(cx.attr.timeout) {
@@ -140,9 +173,9 @@ impl Completer {
     }
 
     /// Retries from the oldest unacknowledged PSN, if any.
-    fn retry_from_una(&self, req: &mut Requester, cx: &mut QpCtx<'_>) {
+    fn retry_from_una(&mut self, req: &mut Requester, cx: &mut QpCtx<'_>, timeout: bool) {
         if let Some(una) = cx.sq.una_psn(self.acked_psn) {
-            req.go_back(cx.sq, una);
+            self.rewind_lost(req, cx, una, timeout);
         }
     }
 
@@ -155,7 +188,7 @@ impl Completer {
         let before = self.acked_psn;
         if !self.ack_through(cx, psn) {
             // An ACK beyond an unanswered READ/atomic: its response was lost. Retry it.
-            self.retry_from_una(req, cx);
+            self.retry_from_una(req, cx, false);
         }
         if self.acked_psn != before {
             self.progress_made(req, cx, now);
@@ -172,10 +205,22 @@ impl Completer {
         cx.stats.seq_naks_received += 1;
         let before = self.acked_psn;
         self.ack_through(cx, psn.sub(1));
-        if self.acked_psn != before {
+        let progress = self.acked_psn != before;
+        if !progress && self.rewound_to == Some(psn) {
+            // The requester already went back to `psn` and nothing was acknowledged since:
+            // this NAK repeats the one that rewound (the responder NAKs again when packets
+            // sent before that rewind arrive out of sequence). Going back again would resend
+            // the window once more per repeated NAK, and spending a retry on it would fail a
+            // connection that is making progress (the RETRY_EXC_ERR under load); should the
+            // resent packet itself be lost, the ACK timeout goes back (IBTA 9.7.6.1.3; rxe's
+            // `started_retry` likewise lets only a timeout start a second retry).
+            return;
+        }
+        if progress {
             // The NAK acknowledged new packets: that is progress, and the retry budget counts
             // consecutive failures only (rxe resets it when a WQE completes).
             self.reload_retries(cx.attr);
+            req.window_acked(self.acked_psn);
         }
         if self.retry_left == 0 {
             cx.fail_front(WcStatus::RetryExcErr);
@@ -183,7 +228,7 @@ impl Completer {
         }
         self.retry_left -= 1;
         let resume = cx.sq.una_psn(self.acked_psn).unwrap_or(psn);
-        req.go_back(cx.sq, resume);
+        self.rewind_lost(req, cx, resume, false);
         cx.timers.stop(Timer::AckTimeout);
     }
 
@@ -210,7 +255,7 @@ impl Completer {
         if cx.attr.rnr_retry != 7 {
             self.rnr_retry_left -= 1;
         }
-        req.go_back(cx.sq, psn);
+        self.rewind(req, cx, psn);
         req.wait_rnr();
         cx.timers.stop(Timer::AckTimeout);
         cx.timers.set(
@@ -278,8 +323,11 @@ impl Completer {
             packet.bth.opcode,
             Opcode::RcRdmaReadResponseLast | Opcode::RcRdmaReadResponseOnly
         );
+        // A LAST/ONLY ends the WQE, or (a READ split while the window is shrunk, see the
+        // requester) one of its requests: then it carries a full MTU and more remains.
+        let ends_wqe = is_last && packet.payload.len() as u64 == remaining;
         let len_ok = if is_last {
-            packet.payload.len() as u64 == remaining
+            ends_wqe || (packet.payload.len() == mtu && (mtu as u64) < remaining)
         } else {
             packet.payload.len() == mtu && (packet.payload.len() as u64) < remaining
         };
@@ -291,6 +339,14 @@ impl Completer {
                 packet.bth.opcode,
                 Opcode::RcRdmaReadResponseMiddle | Opcode::RcRdmaReadResponseLast
             );
+        if (packet.payload.len() as u64) > remaining && !middle_first {
+            // More data than the READ asked for: rxe's do_read -> copy_data finds the
+            // response longer than what is left of the local buffer and completes the WQE with
+            // LOC_PROT_ERR (the QP enters ERR). The response was processed, not dropped;
+            // nothing is written.
+            cx.fail_front(WcStatus::LocProtErr);
+            return;
+        }
         if !len_ok || middle_first {
             cx.stats.drop_length += 1;
             cx.fail_front(WcStatus::BadRespErr);
@@ -307,10 +363,8 @@ impl Completer {
         // INVARIANT: front exists: checked above and nothing removed it.
         let w = cx.sq.front_mut().expect("front READ WQE");
         w.read_pkts_done += 1;
-        if psn.is_after(self.acked_psn) {
-            self.acked_psn = psn;
-        }
-        if is_last {
+        self.advance_acked(psn);
+        if ends_wqe {
             cx.complete_front(WcStatus::Success);
             self.complete_covered(req, cx);
         }
@@ -347,9 +401,7 @@ impl Completer {
         if let Some(w) = cx.sq.front_mut() {
             w.read_pkts_done = 1;
         }
-        if psn.is_after(self.acked_psn) {
-            self.acked_psn = psn;
-        }
+        self.advance_acked(psn);
         cx.complete_front(WcStatus::Success);
         self.complete_covered(req, cx);
         self.progress_made(req, cx, now);
@@ -382,9 +434,7 @@ impl Completer {
         }
         // INVARIANT: front exists: checked above.
         cx.sq.front_mut().expect("front atomic WQE").read_pkts_done = 1;
-        if psn.is_after(self.acked_psn) {
-            self.acked_psn = psn;
-        }
+        self.advance_acked(psn);
         cx.complete_front(WcStatus::Success);
         self.complete_covered(req, cx);
         self.progress_made(req, cx, now);
@@ -395,7 +445,7 @@ impl Completer {
     /// response and is retried.
     fn complete_covered(&mut self, req: &mut Requester, cx: &mut QpCtx<'_>) {
         if !self.ack_through(cx, self.acked_psn) {
-            self.retry_from_una(req, cx);
+            self.retry_from_una(req, cx, false);
         }
     }
 
@@ -410,6 +460,6 @@ impl Completer {
             return;
         }
         self.retry_left -= 1;
-        self.retry_from_una(req, cx);
+        self.retry_from_una(req, cx, true);
     }
 }

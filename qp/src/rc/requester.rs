@@ -36,6 +36,67 @@ pub(crate) struct Requester {
     since_ack_req: u32,
     /// Waiting for the RNR timer: send nothing.
     rnr_wait: bool,
+    /// The go-back-N window (RC): most packets sent past the oldest unacknowledged PSN.
+    window: Window,
+}
+
+/// The requester's go-back-N window, in packets (additive increase, multiplicative decrease).
+///
+/// Go-back-N resends everything in flight after a lost (or reordered) packet, so one loss
+/// costs about as many retransmissions as there are packets in flight, and the resent packets
+/// meet the same loss and reordering again: with a fixed window of W packets and a fault
+/// chance q per packet, each round of W packets advances about 1/q packets, about q x W
+/// transmissions per data packet (measured: 10% loss + 10% reordering with W = 512, about 60
+/// transmissions per data packet over the simulator, 54 over udp). The window therefore halves
+/// at every go-back-N episode (a timeout shrinks it to the minimum) and grows again as packets
+/// are acknowledged, by one per acknowledged packet up to `ssthresh`, then by one per window
+/// (TCP's AIMD, RFC 5681): a lossy link keeps few packets in flight and each loss costs a few
+/// retransmissions, a clean link opens it back to `max_inflight_packets` within a few round
+/// trips. It starts fully open, so a link without faults behaves exactly as a fixed window.
+///
+/// Invariant: `MIN_WINDOW <= cwnd <= max`, `MIN_WINDOW <= ssthresh <= max` once `max` is set.
+#[derive(Debug, Default)]
+struct Window {
+    /// Packets allowed in flight now.
+    cwnd: u32,
+    /// Where growth turns from one per acknowledged packet to one per window.
+    ssthresh: u32,
+    /// Packets acknowledged since the last increase above `ssthresh`.
+    acked_credit: u32,
+    /// The ceiling (`QpConfig::max_inflight_packets`), 0 until first used.
+    max: u32,
+    /// The last acknowledged PSN the window has counted.
+    acked: Psn,
+}
+
+/// The smallest go-back-N window: enough to keep a message end and an AckReq in flight.
+const MIN_WINDOW: u32 = 4;
+
+/// While the window is shrunk, READ requests end at multiples of this many response packets.
+const READ_SPLIT: u32 = 16;
+
+impl Window {
+    fn reset(&mut self, acked: Psn) {
+        *self = Self {
+            acked,
+            ..Self::default()
+        };
+    }
+
+    /// Opens the window to `max` the first time (and follows a changed configuration).
+    fn ensure(&mut self, max: u32) {
+        let max = max.max(1);
+        if self.max != max {
+            self.max = max;
+            self.cwnd = max;
+            self.ssthresh = max;
+            self.acked_credit = 0;
+        }
+    }
+
+    fn limit(&self) -> u32 {
+        self.cwnd.clamp(1, self.max.max(1))
+    }
 }
 
 impl Requester {
@@ -44,6 +105,44 @@ impl Requester {
         self.high_psn = sq_psn;
         self.rnr_wait = false;
         self.since_ack_req = 0;
+        self.window.reset(sq_psn.sub(1));
+    }
+
+    /// The completer acknowledged every PSN up to `acked`: the window grows.
+    pub(crate) fn window_acked(&mut self, acked: Psn) {
+        let w = &mut self.window;
+        let n = acked.diff(w.acked);
+        if n <= 0 || w.max == 0 {
+            return;
+        }
+        w.acked = acked;
+        let mut n = n as u32;
+        if w.cwnd < w.ssthresh {
+            let step = n.min(w.ssthresh - w.cwnd);
+            w.cwnd += step;
+            n -= step;
+        }
+        w.acked_credit = w.acked_credit.saturating_add(n);
+        while w.acked_credit >= w.cwnd && w.cwnd < w.max {
+            w.acked_credit -= w.cwnd;
+            w.cwnd += 1;
+        }
+        if w.cwnd >= w.max {
+            w.acked_credit = 0;
+        }
+    }
+
+    /// A go-back-N episode starts after a sequence NAK or a lost READ/atomic response: the
+    /// window halves. `timeout`: after an ACK timeout it drops to the minimum.
+    pub(crate) fn window_loss(&mut self, timeout: bool) {
+        let w = &mut self.window;
+        if w.max == 0 {
+            return;
+        }
+        let floor = MIN_WINDOW.min(w.max);
+        w.ssthresh = (w.cwnd / 2).max(floor);
+        w.cwnd = if timeout { floor } else { w.ssthresh };
+        w.acked_credit = 0;
     }
 
     /// Highest PSN ever sent + 1.
@@ -171,8 +270,9 @@ impl Requester {
                 return None; // SQD: finish what is in flight, start nothing new.
             }
             if cx.qp_type() == QpType::Rc {
+                self.window.ensure(cx.cfg.max_inflight_packets);
                 if let Some(una) = cx.sq.una_psn(acked) {
-                    if self.next_psn.diff(una) >= cx.cfg.max_inflight_packets as i32 {
+                    if self.next_psn.diff(una) >= self.window.limit() as i32 {
                         return None;
                     }
                 }
@@ -188,11 +288,34 @@ impl Requester {
                     }
                 }
             }
-            return self.build_request(cx, now, buf);
+            // Room left in the window, in packets (at least 1 here). The packet that fills it
+            // asks for an ACK, or nothing would open it again before the ACK timeout.
+            let room = match cx.sq.una_psn(acked) {
+                Some(una) if cx.qp_type() == QpType::Rc => {
+                    (self.window.limit() as i32 - self.next_psn.diff(una)).max(1) as u32
+                }
+                _ => self.window.limit(),
+            };
+            return self.build_request(cx, now, buf, room);
         }
     }
 
-    fn build_request(&mut self, cx: &mut QpCtx<'_>, now: Instant, buf: &mut [u8]) -> Option<usize> {
+    fn build_request(
+        &mut self,
+        cx: &mut QpCtx<'_>,
+        now: Instant,
+        buf: &mut [u8],
+        room: u32,
+    ) -> Option<usize> {
+        let fills_window = cx.qp_type() == QpType::Rc && room <= 1;
+        // While the window is shrunk after losses, a READ asks for at most the packets up to
+        // the next multiple of READ_SPLIT: its response stream is go-back-N too (a lost
+        // response packet drops the rest of the stream until the READ is re-requested), so an
+        // unbounded READ would cost up to its whole length per loss. Splitting on a fixed grid
+        // keeps every re-request inside the range of one request already sent (the responder
+        // replays a duplicate READ only inside one saved resource). With the window fully
+        // open a READ is one request, as before.
+        let split_reads = self.window.cwnd < self.window.max;
         let cur = cx.sq.cur;
         let mtu = cx.attr.path_mtu.bytes() as u64;
         let uc = cx.qp_type() == QpType::Uc;
@@ -231,14 +354,24 @@ impl Requester {
         let offset = u64::from(pkt) * mtu;
         let (payload_len, psn_span) = match op {
             SendOp::RdmaRead { remote_addr, rkey } => {
+                let span = if split_reads {
+                    (npkts - pkt).min(READ_SPLIT - pkt % READ_SPLIT)
+                } else {
+                    npkts - pkt
+                };
                 let remaining = w.len - offset.min(w.len);
+                let len = if pkt + span >= npkts {
+                    remaining
+                } else {
+                    u64::from(span) * mtu
+                };
                 ext.reth = Some(reth::Repr {
                     va: remote_addr.wrapping_add(offset),
                     rkey,
-                    dma_len: u32::try_from(remaining).unwrap_or(u32::MAX),
+                    dma_len: u32::try_from(len).unwrap_or(u32::MAX),
                 });
                 b.ack_req = true;
-                (0, npkts - pkt)
+                (0, span)
             }
             SendOp::AtomicCmpAndSwp {
                 remote_addr,
@@ -329,7 +462,8 @@ impl Requester {
                                 | SendOp::RdmaWriteWithImm { .. }
                         );
                 }
-                b.ack_req = !uc && (last || self.since_ack_req + 1 >= ack_req_every);
+                b.ack_req =
+                    !uc && (last || fills_window || self.since_ack_req + 1 >= ack_req_every);
                 ((w.len - offset.min(w.len)).min(mtu) as usize, 1)
             }
         };
@@ -360,13 +494,16 @@ impl Requester {
         }
         self.since_ack_req = if b.ack_req { 0 } else { self.since_ack_req + 1 };
         cx.stats.tx_bytes += payload_len as u64;
-        let done = last || op.is_read_or_atomic();
+        let done = match op {
+            SendOp::RdmaRead { .. } => pkt + psn_span >= npkts,
+            _ => last || op.is_read_or_atomic(),
+        };
         if done {
             w.all_sent = true;
             cx.sq.cur += 1;
             cx.sq.cur_pkt = 0;
         } else {
-            cx.sq.cur_pkt += 1;
+            cx.sq.cur_pkt += psn_span;
         }
         if uc {
             if done {

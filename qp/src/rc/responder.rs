@@ -96,6 +96,13 @@ enum RespJob {
     },
 }
 
+impl RespJob {
+    /// An answer of one packet (anything but a READ response with data still to send).
+    fn is_single_packet(&self) -> bool {
+        !matches!(self, Self::Read { remaining, .. } if *remaining > 0)
+    }
+}
+
 /// Responder state (rxe `struct rxe_resp_info`).
 #[derive(Debug, Default)]
 pub(crate) struct Responder {
@@ -135,7 +142,8 @@ impl Responder {
     }
 
     /// The QP entered ERR: the receive WR being filled and the receive queue are flushed (in
-    /// that order), and of the queued responses only the final NAK still goes out.
+    /// that order), and of the queued responses only the final NAK and the single-packet
+    /// answers before any READ stream still go out.
     pub(crate) fn on_error(&mut self, cx: &mut QpCtx<'_>) {
         if let Some(w) = self.take_current_recv() {
             cx.flush_recv(&w);
@@ -144,39 +152,37 @@ impl Responder {
         self.clear_pending_except_naks();
     }
 
-    /// Checks the responder's invariants: in ERR nothing but NAKs is queued and no message
-    /// is in progress.
+    /// Checks the responder's invariants: in ERR no READ response stream is queued and no
+    /// message is in progress.
     pub(crate) fn check(&self, state: QpState) -> Result<(), &'static str> {
         if state == QpState::Err {
             if self.cur.is_some() {
                 return Err("ERR with a message in progress");
             }
-            let only_naks = self.out.iter().all(|j| {
-                matches!(
-                    j,
-                    RespJob::Ack {
-                        syndrome: Syndrome::Nak(_),
-                        ..
-                    }
-                )
-            });
-            if !only_naks {
-                return Err("ERR with responses other than the final NAK queued");
+            if !self.out.iter().all(RespJob::is_single_packet) {
+                return Err("ERR with a READ response stream queued");
             }
         }
         Ok(())
     }
 
-    /// In ERR only the final NAK still goes out.
+    /// In ERR no READ response stream goes on: it is dropped with everything queued after it
+    /// except NAKs. The single-packet answers queued before it (ACKs, atomic ACKs, the empty
+    /// READ responses of ATOMIC WRITE and FLUSH) answer requests that executed before the
+    /// error; rxe sends those at execution, so they were on the wire before the error, and
+    /// the requester completes them (only the WQE the NAK names fails).
     fn clear_pending_except_naks(&mut self) {
+        let mut stream_seen = false;
         self.out.retain(|j| {
-            matches!(
+            let nak = matches!(
                 j,
                 RespJob::Ack {
                     syndrome: Syndrome::Nak(_),
                     ..
                 }
-            )
+            );
+            stream_seen |= !j.is_single_packet();
+            nak || (!stream_seen && j.is_single_packet())
         });
         self.cur = None;
     }

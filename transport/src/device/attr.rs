@@ -33,6 +33,65 @@ pub struct DeviceAttr {
     pub max_qp_init_rd_atom: u32,
     /// Atomics are atomic with respect to this device only (IBV_ATOMIC_HCA).
     pub atomic_cap: &'static str,
+    /// Extended capabilities (`ibv_device_attr_ex.device_cap_flags_ex`).
+    pub device_cap_flags_ex: DeviceCapFlagsEx,
+}
+
+/// Extended device capability flags (`ibv_device_attr_ex.device_cap_flags_ex`): the bits of
+/// `enum ib_uverbs_device_cap_flags` in rdma-core's `kernel-headers/rdma/ib_user_verbs.h`
+/// (Linux `include/uapi/rdma/ib_user_verbs.h`), of which the device reports those it
+/// implements beyond the IBTA 1.4 base.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DeviceCapFlagsEx(u64);
+
+impl DeviceCapFlagsEx {
+    /// No extended capability.
+    pub const EMPTY: Self = Self(0);
+    /// FLUSH with placement type global visibility (`IB_UVERBS_DEVICE_FLUSH_GLOBAL`).
+    pub const FLUSH_GLOBAL: Self = Self(1 << 38);
+    /// FLUSH with placement type persistence (`IB_UVERBS_DEVICE_FLUSH_PERSISTENT`).
+    pub const FLUSH_PERSISTENT: Self = Self(1 << 39);
+    /// ATOMIC WRITE (`IB_UVERBS_DEVICE_ATOMIC_WRITE`).
+    pub const ATOMIC_WRITE: Self = Self(1 << 40);
+
+    /// The flags with the names `ibv_devinfo -v` prints for them, in bit order.
+    const NAMED: [(Self, &'static str); 3] = [
+        (Self::FLUSH_GLOBAL, "FLUSH_GLOBAL"),
+        (Self::FLUSH_PERSISTENT, "FLUSH_PERSISTENT"),
+        (Self::ATOMIC_WRITE, "ATOMIC_WRITE"),
+    ];
+
+    /// The raw value, as `device_cap_flags_ex`.
+    pub const fn bits(self) -> u64 {
+        self.0
+    }
+
+    /// Whether every flag of `other` is set.
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Both sets of flags.
+    #[must_use]
+    pub const fn union(self, other: Self) -> Self {
+        Self(self.0 | other.0)
+    }
+
+    /// The names of the flags set, in bit order.
+    pub fn names(self) -> impl Iterator<Item = &'static str> {
+        Self::NAMED
+            .into_iter()
+            .filter(move |(f, _)| self.contains(*f))
+            .map(|(_, name)| name)
+    }
+}
+
+impl std::ops::BitOr for DeviceCapFlagsEx {
+    type Output = Self;
+
+    fn bitor(self, rhs: Self) -> Self {
+        self.union(rhs)
+    }
 }
 
 /// Port state (`ibv_port_state`).
@@ -81,6 +140,11 @@ impl Device {
             max_qp_rd_atom: 128,
             max_qp_init_rd_atom: 128,
             atomic_cap: "ATOMIC_HCA",
+            // The queue pairs execute and issue ATOMIC WRITE and FLUSH of both placement
+            // types (IBTA 1.5 annex A19; qp/tests/atomic_write_flush.rs), as rxe since 6.2.
+            device_cap_flags_ex: DeviceCapFlagsEx::FLUSH_GLOBAL
+                | DeviceCapFlagsEx::FLUSH_PERSISTENT
+                | DeviceCapFlagsEx::ATOMIC_WRITE,
         }
     }
 
@@ -141,5 +205,25 @@ impl Device {
     /// The GID of our IP address (what peers put in their address handles).
     pub fn local_gid(&self) -> Gid {
         Gid::from_ip(self.shared().local.ip())
+    }
+}
+
+#[cfg(test)]
+mod cap_tests {
+    use super::DeviceCapFlagsEx;
+
+    /// The values of rdma-core's kernel-headers/rdma/ib_user_verbs.h.
+    #[test]
+    fn extended_capability_bits_are_rdma_cores() {
+        assert_eq!(DeviceCapFlagsEx::FLUSH_GLOBAL.bits(), 0x0040_0000_0000);
+        assert_eq!(DeviceCapFlagsEx::FLUSH_PERSISTENT.bits(), 0x0080_0000_0000);
+        assert_eq!(DeviceCapFlagsEx::ATOMIC_WRITE.bits(), 0x0100_0000_0000);
+        let all = DeviceCapFlagsEx::ATOMIC_WRITE | DeviceCapFlagsEx::FLUSH_GLOBAL;
+        assert_eq!(
+            all.names().collect::<Vec<_>>(),
+            ["FLUSH_GLOBAL", "ATOMIC_WRITE"]
+        );
+        assert!(!all.contains(DeviceCapFlagsEx::FLUSH_PERSISTENT));
+        assert_eq!(DeviceCapFlagsEx::EMPTY.names().count(), 0);
     }
 }

@@ -21,7 +21,7 @@ use roce_mr::MrTable;
 use roce_qp::verbs::Mtu;
 use roce_wire::Gid;
 
-pub use attr::{DeviceAttr, PortAttr, PortState};
+pub use attr::{DeviceAttr, DeviceCapFlagsEx, PortAttr, PortState};
 pub use config::{Backend, DeviceConfig, Progress};
 
 use crate::capture::CaptureFile;

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use roce_transport::{
-    Access, AttrMask, Completion, ConnectOptions, Device, DeviceCapFlagsEx, DeviceConfig,
-    FlushLevel, FlushPlacement, Progress, Psn, QpAttr, QpInit, QpState, QpType, QueuePair, RKey,
-    RemoteQp, SendOp, SendWr, SimNetwork, WcOpcode, WcStatus,
+    Access, Completion, ConnectOptions, Device, DeviceCapFlagsEx, DeviceConfig, FlushLevel,
+    FlushPlacement, Progress, Psn, QpInit, QpType, QueuePair, RKey, RemoteQp, SendOp, SendWr,
+    SimNetwork, WcOpcode, WcStatus,
 };
 
 fn device(net: &SimNetwork, ip: &str, name: &str) -> Device {
@@ -61,19 +61,9 @@ fn atomic_write_and_flush_work_end_to_end_between_two_devices() {
     };
     qa.connect(&remote(&qb, &b), &o).unwrap();
     qb.connect(&remote(&qa, &a), &o).unwrap();
-    // `connect` keeps only REMOTE_WRITE/READ/ATOMIC of `access` (verbs/qp.rs `remote_only`),
-    // so B's QP is given the FLUSH rights (IBV_ACCESS_FLUSH_*, which rxe also requires on the
-    // QP) with an RTS->RTS modify, as an rdma-core application would with ibv_modify_qp.
-    let qp_rights = QpAttr {
-        state: QpState::Rts,
-        access_flags: Access::REMOTE_WRITE
-            | Access::REMOTE_READ
-            | Access::REMOTE_ATOMIC
-            | Access::FLUSH_GLOBAL
-            | Access::FLUSH_PERSISTENT,
-        ..qb.attr()
-    };
-    qb.modify(&qp_rights, AttrMask::ACCESS_FLAGS).unwrap();
+    // `connect` gives the QP the remote rights of `access`, the FLUSH ones included
+    // (IBV_ACCESS_FLUSH_*, which rxe also requires on the QP).
+    assert!(qb.attr().access_flags.contains(Access::FLUSH_GLOBAL));
     let value = 0x0123_4567_89AB_CDEFu64;
     let src = pa
         .register(value.to_ne_bytes().to_vec(), Access::LOCAL_WRITE)

@@ -317,7 +317,10 @@ impl Drop for QueuePair {
     }
 }
 
-/// Remote access bits only (what a QP's access flags may hold).
+/// The remote rights a QP's access flags may hold: REMOTE_WRITE/READ/ATOMIC and the FLUSH rights.
 fn remote_only(a: Access) -> Access {
-    Access::from_bits(a.bits() & Access::REMOTE.bits()).unwrap_or(Access::empty())
+    let qp_rights = Access::REMOTE
+        .union(Access::FLUSH_GLOBAL)
+        .union(Access::FLUSH_PERSISTENT);
+    Access::from_bits(a.bits() & qp_rights.bits()).unwrap_or(Access::empty())
 }

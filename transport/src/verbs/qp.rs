@@ -13,6 +13,7 @@ use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
 use crate::device::Device;
 use crate::endpoint::QpSlot;
+use crate::engine::Engine;
 use crate::error::VerbsError;
 
 impl ProtectionDomain {
@@ -164,10 +165,7 @@ impl QueuePair {
 
     fn with<R>(&self, f: impl FnOnce(&mut roce_qp::QueuePair) -> R) -> R {
         let mut e = self.dev().lock_engine();
-        let slot =
-            e.ep.qps
-                .get_mut(&self.qpn.value())
-                .expect("INVARIANT: a QueuePair's slot lives until its drop");
+        let slot = slot_of(&mut e, self.qpn);
         f(&mut slot.qp)
     }
 
@@ -200,10 +198,7 @@ impl QueuePair {
             });
         }
         let mut e = self.dev().lock_engine();
-        let slot =
-            e.ep.qps
-                .get_mut(&self.qpn.value())
-                .expect("INVARIANT: a QueuePair's slot lives until its drop");
+        let slot = slot_of(&mut e, self.qpn);
         slot.qp.modify(attr, mask)?;
         // Entering ERR flushes WRs into completions; send them on.
         self.dev().doorbell(e, self.qpn.value());
@@ -256,10 +251,7 @@ impl QueuePair {
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
         let mut e = self.dev().lock_engine();
         let now = e.now();
-        let slot =
-            e.ep.qps
-                .get_mut(&self.qpn.value())
-                .expect("INVARIANT: a QueuePair's slot lives until its drop");
+        let slot = slot_of(&mut e, self.qpn);
         slot.qp.post_send(now, wr)?;
         self.dev().doorbell(e, self.qpn.value());
         Ok(())
@@ -276,10 +268,7 @@ impl QueuePair {
     ) -> Result<usize, (usize, PostError)> {
         let mut e = self.dev().lock_engine();
         let now = e.now();
-        let slot =
-            e.ep.qps
-                .get_mut(&self.qpn.value())
-                .expect("INVARIANT: a QueuePair's slot lives until its drop");
+        let slot = slot_of(&mut e, self.qpn);
         let mut n = 0;
         let mut err = None;
         for wr in wrs {
@@ -315,6 +304,14 @@ impl Drop for QueuePair {
             e.kick();
         }
     }
+}
+
+/// The engine slot of the QP `qpn` (under the engine lock the caller holds).
+fn slot_of(e: &mut Engine, qpn: Qpn) -> &mut QpSlot {
+    e.ep.qps
+        .get_mut(&qpn.value())
+        // INVARIANT: a QueuePair's slot lives until its drop, which removes it.
+        .expect("INVARIANT: a QueuePair's slot lives until its drop")
 }
 
 /// The remote rights a QP's access flags may hold: REMOTE_WRITE/READ/ATOMIC and the FLUSH rights.

@@ -344,17 +344,22 @@ impl Responder {
         self.answer(cx, bth.psn, Err(result));
     }
 
-    /// What an in-sequence request with an impossible payload length gets, rxe's checks in
-    /// order up to its length check.
-    fn bad_length_reject(&mut self, cx: &QpCtx<'_>, info: &OpcodeInfo) -> Reject {
+    /// Opcode sequence (C9-28..C9-31, rxe `check_op_seq`): a message in progress accepts only
+    /// its own MIDDLE/LAST; without one, only a FIRST or ONLY.
+    fn sequence_ok(&self, info: &OpcodeInfo) -> bool {
         let continues = matches!(info.position, Position::Middle | Position::Last);
-        let seq_ok = match (&self.cur, info.operation) {
+        match (&self.cur, info.operation) {
             (Some(InMsg::Send { .. }), Operation::Send) => continues,
             (Some(InMsg::Write { .. }), Operation::Write) => continues,
             (Some(_), _) => false,
             (None, _) => !continues,
-        };
-        if !seq_ok {
+        }
+    }
+
+    /// What an in-sequence request with an impossible payload length gets, rxe's checks in
+    /// order up to its length check.
+    fn bad_length_reject(&mut self, cx: &QpCtx<'_>, info: &OpcodeInfo) -> Reject {
+        if !self.sequence_ok(info) {
             return INV_REQ;
         }
         match info.operation {
@@ -388,15 +393,7 @@ impl Responder {
             return Err(INV_REQ);
         };
         let psn = packet.bth.psn;
-        // Opcode sequence: a message in progress accepts only its own MIDDLE/LAST.
-        let continues = matches!(info.position, Position::Middle | Position::Last);
-        let seq_ok = match (&self.cur, info.operation) {
-            (Some(InMsg::Send { .. }), Operation::Send) => continues,
-            (Some(InMsg::Write { .. }), Operation::Write) => continues,
-            (Some(_), _) => false,
-            (None, _) => !continues,
-        };
-        if !seq_ok {
+        if !self.sequence_ok(info) {
             return Err(INV_REQ);
         }
         match info.operation {

@@ -13,6 +13,11 @@ pub(crate) struct ContextRec {
     pub(crate) vctx: verbs_context,
     /// The engine this context drives.
     pub(crate) dev: roce_transport::Device,
+    /// QPN -> the `ibv_qp` handed out (as `usize`), for async events (`element.qp`). The
+    /// QP module inserts on create and removes on destroy.
+    pub(crate) qps: std::sync::Mutex<std::collections::HashMap<u32, usize>>,
+    /// `ibv_srq` pointers (as `usize`) of this context, for SRQ async events.
+    pub(crate) srqs: std::sync::Mutex<Vec<usize>>,
 }
 
 impl ContextRec {

@@ -38,6 +38,23 @@ enum Kind {
     Bool,
 }
 
+impl Kind {
+    /// The kind's name in `stubs::STUBBED` (what `tests/c/call_stubs.c` checks).
+    fn tag(self) -> &'static str {
+        match self {
+            Self::Errno => "errno",
+            Self::MinusOne => "minus_one",
+            Self::NegErrno => "neg_errno",
+            Self::Null => "null",
+            Self::Void => "void",
+            Self::Zero => "zero",
+            Self::NoOp => "noop",
+            Self::SysfsPath => "sysfs_path",
+            Self::Bool => "data",
+        }
+    }
+}
+
 /// The stub kind of an export of rdma-core 44's libibverbs.
 fn kind_of(name: &str) -> Kind {
     match name {
@@ -282,12 +299,15 @@ fn main() {
         "/// One flag per stub: set once its first call has been traced.\n\
          static TRACED: [::core::sync::atomic::AtomicBool; {n}] = \
          [const {{ ::core::sync::atomic::AtomicBool::new(false) }}; {n}];\n\n\
-         /// The names this build stubs, in `ibverbs.map` order.\n\
-         pub const STUBBED: [&str; {n}] = [{list}];",
+         /// The names this build stubs, in `ibverbs.map` order, each with what it returns:\n\
+         /// `errno` (`EOPNOTSUPP`), `minus_one`, `neg_errno` (`-EOPNOTSUPP`), `null`, `void`,\n\
+         /// `zero` (all with `errno = EOPNOTSUPP`), `noop`, `sysfs_path` (\"/sys\") or `data`\n\
+         /// (a variable, not a function).\n\
+         pub const STUBBED: [(&str, &str); {n}] = [{list}];",
         n = stubbed.len(),
         list = stubbed
             .iter()
-            .map(|s| format!("\"{s}\""))
+            .map(|s| format!("(\"{s}\", \"{}\")", kind_of(s).tag()))
             .collect::<Vec<_>>()
             .join(", ")
     )

@@ -3,7 +3,9 @@
 
 use std::ffi::c_int;
 
-use crate::sys::{ibv_context, ibv_device_attr_ex, ibv_port_attr, ibv_query_device_ex_input, verbs_context};
+use crate::sys::{
+    ibv_context, ibv_device_attr_ex, ibv_port_attr, ibv_query_device_ex_input, verbs_context,
+};
 
 /// An open device: `verbs_context` (the application sees `&vctx.context`, 320 bytes in) and
 /// the rocectl device behind it.

@@ -12,15 +12,15 @@
 //!
 //! 1. exported functions (`ibv_open_device`, `ibv_reg_mr`, …), one module per object;
 //! 2. `ibv_context_ops` slots the inline verbs jump through (`ibv_post_send`, `ibv_poll_cq`, …),
-//!    filled by [`install_ops`];
+//!    filled by `install_ops`;
 //! 3. `verbs_context` slots in front of the context (`ibv_query_port`, `ibv_create_qp_ex`, …),
-//!    also [`install_ops`];
+//!    also `install_ops`;
 //! 4. per-object tables: `ibv_qp_ex.wr_*` and `ibv_cq_ex.start_poll`/`read_*`.
 //!
 //! Every handle handed to C is the first field of a `#[repr(C)]` record whose tail holds the
 //! rocectl object (`ContextRec`, `PdRec`, `MrRec`, `CqRec`, `QpRec`, `SrqRec`, `AhRec`,
 //! `ChannelRec`), so a pointer from C casts back to its record. No panic crosses the C
-//! boundary ([`ffi`]).
+//! boundary (`ffi`).
 //!
 //! `fork()`: registered memory is never pinned, so `ibv_fork_init` is not needed and
 //! `ibv_is_fork_initialized` reports `IBV_FORK_UNNEEDED`. A child process must not use the

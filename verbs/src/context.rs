@@ -28,7 +28,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use roce_transport::netdev;
-use roce_transport::{AsyncEvent, DeviceConfig, Event, Mtu};
+use roce_transport::{AsyncEvent, DeviceConfig, Event, Mtu, OpenError};
 
 use crate::device::DeviceRec;
 use crate::ffi;
@@ -199,8 +199,18 @@ fn open_shared(rec: &'static DeviceRec) -> Result<Arc<OpenDevice>, i32> {
     }
     let config = DeviceConfig::udp(rec.addr).name(rec.spec.name.clone());
     let dev = roce_transport::Device::open(config).map_err(|e| {
+        // The transport's hint for this one names the rocectl CLI's flags.
+        let why = match &e {
+            OpenError::AddrNotAvailable { addr } => format!(
+                "{} is not an address of this host (configure it, or change the device's \
+                 @ADDR in {} or the configuration file)",
+                addr.ip(),
+                crate::device::DEVICES_ENV
+            ),
+            other => other.to_string(),
+        };
         eprintln!(
-            "rocectl libibverbs: cannot open {} (interface {}, address {}): {e}",
+            "rocectl libibverbs: cannot open {} (interface {}, address {}): {why}",
             rec.spec.name, rec.spec.ifname, rec.addr
         );
         ffi::errno_of_open(&e)

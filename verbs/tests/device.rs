@@ -98,7 +98,7 @@ fn discovery_from_the_environment_a_config_file_and_the_defaults() {
     let conf = std::env::temp_dir().join(format!("rocectl-verbs-{}.conf", std::process::id()));
     std::fs::write(
         &conf,
-        format!("# test\nconf_a = veth-a   # the veth\nconf_lo=lo@127.0.0.1\nthis line is bad\nconf_x = nosuchif0\n"),
+        "# test\nconf_a = veth-a   # the veth\nconf_lo=lo@127.0.0.1\nthis line is bad\nconf_x = nosuchif0\n",
     )
     .unwrap();
     let conf_path = conf.to_str().unwrap().to_owned();

@@ -950,6 +950,7 @@ mod tests {
         }
         assert!(!readable(fd, 0));
         // An SRQ event names the QP's SRQ.
+        // SAFETY: C data; all zeroes is valid.
         let mut fake_srq: Box<ibv_srq> = Box::new(unsafe { std::mem::zeroed() });
         ibqp.srq = &mut *fake_srq;
         d.deliver(known(Event::SrqLimitReached));

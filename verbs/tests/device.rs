@@ -210,6 +210,7 @@ fn queries_describe_the_interface() {
     assert_eq!(c.cmd_fd, -1);
     assert!(c.async_fd >= 0);
     assert_eq!(c.num_comp_vectors, 1);
+    // SAFETY: the context's device is one of ours.
     assert_eq!(cstr(unsafe { ibv_get_device_name(c.device) }), "q_a");
 
     let ctx_addr = ctx as usize;
@@ -343,9 +344,11 @@ fn queries_describe_the_interface() {
                 // SAFETY: zeroed C data, filled by the calls.
                 let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
                 assert_eq!(unsafe { ibv_query_gid(ctx, 1, i, &mut gid) }, 0);
+                // SAFETY: every member of the GID union is plain bytes.
                 assert_eq!(unsafe { gid.raw }, e.gid.0, "GID[{i}]");
                 let mut ty = 99u32;
                 assert_eq!(
+                    // SAFETY: a live context and a live out-parameter.
                     unsafe { ibv_query_gid_type(ctx, 1, e.index.into(), &mut ty) },
                     0
                 );
@@ -363,6 +366,7 @@ fn queries_describe_the_interface() {
                     )
                 };
                 assert_eq!(rc, 0);
+                // SAFETY: every member of the GID union is plain bytes.
                 assert_eq!(unsafe { ent.gid.raw }, e.gid.0);
                 assert_eq!(ent.gid_index, u32::from(e.index));
                 assert_eq!(ent.port_num, 1);
@@ -373,12 +377,15 @@ fn queries_describe_the_interface() {
             // SAFETY: zeroed C data.
             let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
             assert_eq!(
+                // SAFETY: a live context and a live out-parameter.
                 unsafe { ibv_query_gid(ctx, 1, past as c_int, &mut gid) },
                 -1
             );
+            // SAFETY: as above.
             assert_eq!(unsafe { ibv_query_gid(ctx, 2, 0, &mut gid) }, -1);
             let mut ty = 0u32;
             assert_eq!(
+                // SAFETY: as above.
                 unsafe { ibv_query_gid_type(ctx, 1, past as u32, &mut ty) },
                 -1
             );
@@ -386,10 +393,12 @@ fn queries_describe_the_interface() {
             let mut ent: ibv_gid_entry = unsafe { std::mem::zeroed() };
             let esz = size_of::<ibv_gid_entry>();
             assert_eq!(
+                // SAFETY: as above.
                 unsafe { _ibv_query_gid_ex(ctx, 1, past as u32, &mut ent, 0, esz) },
                 libc::EINVAL
             );
             assert_eq!(
+                // SAFETY: as above.
                 unsafe { _ibv_query_gid_ex(ctx, 1, 0, &mut ent, 1, esz) },
                 libc::EOPNOTSUPP
             );
@@ -407,21 +416,27 @@ fn queries_describe_the_interface() {
                 assert!(at[esz..].iter().all(|&b| b == 0));
             }
             // Too small for the table: -EINVAL.
+            // SAFETY: one entry of `esz` bytes is writable.
             let n = unsafe { _ibv_query_gid_table(ctx, tbuf.as_mut_ptr().cast(), 1, 0, esz) };
             assert_eq!(n, -(libc::EINVAL as isize));
 
             // P_Keys.
             let mut pk: u16 = 0;
+            // SAFETY: a live context and a live out-parameter.
             assert_eq!(unsafe { ibv_query_pkey(ctx, 1, 0, &mut pk) }, 0);
             assert_eq!(pk, 0xFFFF);
+            // SAFETY: as above.
             assert_eq!(unsafe { ibv_query_pkey(ctx, 1, 1, &mut pk) }, -1);
+            // SAFETY: a live context.
             assert_eq!(unsafe { ibv_get_pkey_index(ctx, 1, 0xFFFF) }, 0);
             assert_eq!(
+                // SAFETY: as above.
                 unsafe { ibv_get_pkey_index(ctx, 1, 0x7FFF_u16.to_be()) },
                 -1
             );
 
             // The sysfs files ibv_devinfo, UCX and perftest read, from memory.
+            // SAFETY: the context's device is one of ours, valid for the process.
             let dir = CString::new(arr(&unsafe { &*c.device }.ibdev_path)).unwrap();
             let read = |file: &str| -> Option<String> {
                 let f = CString::new(file).unwrap();
@@ -453,8 +468,10 @@ fn queries_describe_the_interface() {
             a.netns()
                 .exec("ip", &["link", "set", "veth-a", "down"])
                 .unwrap();
-            let mut g = [0u8; 48];
+            let mut g = [0u8; size_of::<ibv_port_attr>()];
+            // SAFETY: 52 bytes are writable (the call writes 48).
             assert_eq!(unsafe { ibv_query_port(ctx, 1, g.as_mut_ptr().cast()) }, 0);
+            // SAFETY: the buffer is a whole ibv_port_attr; the call wrote its first 48 bytes.
             let pc = unsafe { std::ptr::read_unaligned(g.as_ptr().cast::<ibv_port_attr>()) };
             assert_eq!(pc.state, ibv_port_state_IBV_PORT_DOWN);
             assert_eq!(pc.phys_state, 3, "DISABLED");

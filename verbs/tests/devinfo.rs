@@ -67,7 +67,7 @@ fn build_lib() -> PathBuf {
     dir
 }
 
-/// `GID[  1]:		::ffff:10.1.2.1, RoCE v2` lines, as ibv_devinfo prints an entry.
+/// `GID[  1]:<TAB><TAB>::ffff:10.1.2.1, RoCE v2`, as ibv_devinfo prints an entry.
 fn gid_line(e: &GidEntry) -> String {
     let ip = std::net::Ipv6Addr::from(e.gid.0);
     format!("GID[{:3}]:\t\t{ip}, RoCE v2", e.index)

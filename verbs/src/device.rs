@@ -307,6 +307,30 @@ pub(crate) fn record(spec: DeviceSpec, ifaces: &[NetDevice]) -> Option<&'static 
     Some(rec)
 }
 
+/// For unit tests: a record named `name` for an engine opened by the test itself (a `sim`
+/// device), registered like the others; the same record for the same name.
+#[cfg(test)]
+pub(crate) fn test_record(name: &str, addr: IpAddr) -> &'static DeviceRec {
+    let dev = NetDevice {
+        name: "sim".into(),
+        index: 0,
+        mac: None,
+        mtu: 1500,
+        up: true,
+        running: true,
+        loopback: false,
+        ipv4: Vec::new(),
+        ipv6: Vec::new(),
+    };
+    let spec = DeviceSpec {
+        name: name.into(),
+        ifname: "sim".into(),
+        addr: Some(addr),
+    };
+    // INVARIANT: the spec names the interface given and has an address.
+    record(spec, &[dev]).expect("a record for a named interface with an address")
+}
+
 /// Discovers the devices and returns their records, creating the new ones.
 fn discover() -> std::io::Result<Vec<&'static DeviceRec>> {
     let ifaces = netdev::interfaces()?;

@@ -460,10 +460,11 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
     })
 }
 
-/// One `read(2)` of at most `size` bytes of `path`.
+/// One `read(2)` of at most `size` bytes of `path` (at most 64 KiB: sysfs files are one
+/// page, and a huge `size` must not become a huge allocation).
 fn read_real(path: &str, size: usize) -> std::io::Result<Vec<u8>> {
     let mut f = std::fs::File::open(path)?;
-    let mut v = vec![0u8; size];
+    let mut v = vec![0u8; size.min(1 << 16)];
     let n = f.read(&mut v)?;
     v.truncate(n);
     Ok(v)

@@ -9,6 +9,9 @@
 //! 3. one device per interface that is up, is not loopback and has an address, named
 //!    `rocectl_<ifname>` (rdma_rxe's `rxe_<ifname>` habit).
 //!
+//! An empty variable counts as unset. A source that is present decides alone: a
+//! configuration file whose lines are all bad gives no devices, and a `$ROCECTL_VERBS_CONF`
+//! that cannot be read gives none either (with a line saying so) rather than the defaults.
 //! A bad entry is skipped with one line on stderr (once per process). Without `@ADDR` the
 //! engine binds the interface's first IPv4 address, else its first IPv6 address that is not
 //! link-local.

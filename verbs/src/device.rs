@@ -423,7 +423,7 @@ pub extern "C" fn ibv_get_sysfs_path() -> *const c_char {
 /// rdma-core does (one `read`, a trailing newline stripped, NUL-terminated; -1 when it does
 /// not fit or cannot be read), and returns the length. For a device's `ibdev_path` the
 /// files that `ibv_devinfo`, perftest and UCX read are answered from memory (see
-/// [`sysfs_text`]); every other path is read from the file system.
+/// below); every other path is read from the file system.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_read_sysfs_file(
     dir: *const c_char,

@@ -422,8 +422,10 @@ pub extern "C" fn ibv_get_sysfs_path() -> *const c_char {
 /// `ibv_read_sysfs_file(dir, file, buf, size)`: reads `dir/file` into `buf` the way
 /// rdma-core does (one `read`, a trailing newline stripped, NUL-terminated; -1 when it does
 /// not fit or cannot be read), and returns the length. For a device's `ibdev_path` the
-/// files that `ibv_devinfo`, perftest and UCX read are answered from memory (see
-/// below); every other path is read from the file system.
+/// files that `ibv_devinfo`, perftest and UCX read are answered from memory (`board_id`,
+/// `fw_ver`, `hca_type`, `hw_rev`, `node_type`, `node_guid`, `sys_image_guid`, and under
+/// `ports/1/`: `gid_attrs/types/N` ("RoCE v2"), `gid_attrs/ndevs/N`, `gids/N`, `pkeys/0`,
+/// `link_layer`, `lid`, `sm_lid`); every other path is read from the file system.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_read_sysfs_file(
     dir: *const c_char,

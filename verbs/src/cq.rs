@@ -83,11 +83,13 @@ impl CqRec {
     /// Records one more QP (or SRQ) completing into this CQ: `ibv_destroy_cq` fails with
     /// `EBUSY` until the matching [`Self::release`]. Call it once the QP exists and
     /// `release` when it is destroyed.
+    #[allow(dead_code)] // for the QP module (helper "qp"), which creates QPs on CQs
     pub(crate) fn hold(&self) {
         self.users.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Undoes one [`Self::hold`] (an unbalanced release is ignored).
+    #[allow(dead_code)] // as `hold`
     pub(crate) fn release(&self) {
         let _ = self
             .users
@@ -568,11 +570,11 @@ pub(crate) mod testing {
 
     use roce_transport::{
         ConnectOptions, LKey, Psn, QpInit, QpType, QueuePair, RemoteQp, SendOp, SendWr, Sge,
-        SimNetwork,
     };
 
     use super::{ibv_create_cq, ibv_destroy_cq, poll_cq, CqRec};
-    use crate::pd::{ibv_alloc_pd, ibv_dealloc_pd, testing as ctx, PdRec};
+    use crate::pd::testing::{self as ctx, Lab};
+    use crate::pd::{ibv_alloc_pd, ibv_dealloc_pd, PdRec};
     use crate::sys::{ibv_context, ibv_cq, ibv_mr, ibv_pd, ibv_wc};
 
     /// One end.
@@ -616,10 +618,10 @@ pub(crate) mod testing {
         }
     }
 
-    /// Two connected ends at 10.21.`x`.1 and .2, each with a CQ from `ibv_create_cq`
+    /// Two connected ends at 127.0.0.1 and .2 of `lab`, each with a CQ from `ibv_create_cq`
     /// (depth 32, `cq_context` 0x1001 / 0x1002, no channel).
-    pub(crate) fn pair(net: &SimNetwork, x: u8) -> (End, End) {
-        pair_with(net, x, |ctx, host| {
+    pub(crate) fn pair(lab: &Lab) -> (End, End) {
+        pair_with(lab, |ctx, host| {
             // SAFETY: a live context.
             unsafe {
                 ibv_create_cq(
@@ -635,12 +637,11 @@ pub(crate) mod testing {
 
     /// As [`pair`]; `make_cq(ctx, host)` creates each end's CQ (host 1 or 2).
     pub(crate) fn pair_with(
-        net: &SimNetwork,
-        x: u8,
+        lab: &Lab,
         mut make_cq: impl FnMut(*mut ibv_context, u8) -> *mut ibv_cq,
     ) -> (End, End) {
         let mut end = |host: u8| {
-            let c = ctx::open(net, &format!("10.21.{x}.{host}"));
+            let c = lab.open(host);
             // SAFETY: a live context.
             let pd = unsafe { ibv_alloc_pd(c) };
             let cq = make_cq(c, host);
@@ -695,11 +696,12 @@ pub(crate) mod testing {
 mod tests {
     use std::ptr::null_mut;
 
-    use roce_transport::{Qpn, RKey, RecvWr, SendOp, SendWr, SimNetwork, WcStatus};
+    use roce_transport::{Qpn, RKey, RecvWr, SendOp, SendWr, WcStatus};
 
     use super::testing::{pair, pair_with, send, sge};
     use super::*;
     use crate::mr::{ibv_dereg_mr, ibv_reg_mr};
+    use crate::pd::testing::Lab;
     use crate::sys::{
         ibv_access_flags_IBV_ACCESS_LOCAL_WRITE, ibv_access_flags_IBV_ACCESS_REMOTE_ATOMIC,
         ibv_access_flags_IBV_ACCESS_REMOTE_READ, ibv_access_flags_IBV_ACCESS_REMOTE_WRITE,
@@ -807,8 +809,10 @@ mod tests {
 
     #[test]
     fn one_sided_and_two_sided_operations_land_in_registered_vectors() {
-        let net = SimNetwork::perfect();
-        let (a, b) = pair(&net, 1);
+        let Some(lab) = Lab::new("vmcq1") else {
+            return;
+        };
+        let (a, b) = pair(&lab);
         let mut src = vec![0u8; 64];
         src[..16].copy_from_slice(&[0x5A; 16]);
         src[16..24].copy_from_slice(&77u64.to_le_bytes());
@@ -934,7 +938,9 @@ mod tests {
 
     #[test]
     fn extended_cq_polls_one_completion_at_a_time() {
-        let net = SimNetwork::perfect();
+        let Some(lab) = Lab::new("vmcq2") else {
+            return;
+        };
         let attr = ibv_cq_init_attr_ex {
             cqe: 16,
             cq_context: 0x99 as *mut c_void,
@@ -945,7 +951,7 @@ mod tests {
             ),
             ..ibv_cq_init_attr_ex::default()
         };
-        let (a, b) = pair_with(&net, 2, |ctx, _| {
+        let (a, b) = pair_with(&lab, |ctx, _| {
             let mut at = attr;
             // SAFETY: a live context and attributes.
             unsafe { create_cq_ex(ctx, &mut at) }.cast()
@@ -1066,8 +1072,10 @@ mod tests {
 
     #[test]
     fn create_resize_and_destroy_check_their_arguments() {
-        let net = SimNetwork::perfect();
-        let (a, b) = pair(&net, 3);
+        let Some(lab) = Lab::new("vmcq3") else {
+            return;
+        };
+        let (a, b) = pair(&lab);
         // SAFETY: live contexts; every CQ made is destroyed once.
         unsafe {
             assert!(ibv_create_cq(null_mut(), 4, null_mut(), null_mut(), 0).is_null());

@@ -307,8 +307,6 @@ unsafe fn rereg(
 mod tests {
     use std::ptr::null_mut;
 
-    use roce_transport::SimNetwork;
-
     use super::*;
     use crate::pd::testing;
     use crate::pd::{ibv_alloc_pd, ibv_dealloc_pd};
@@ -353,8 +351,10 @@ mod tests {
 
     #[test]
     fn registration_fills_the_mr_and_holds_the_pd() {
-        let net = SimNetwork::perfect();
-        let ctx = testing::open(&net, "10.20.1.1");
+        let Some(lab) = testing::Lab::new("vmmr1") else {
+            return;
+        };
+        let ctx = lab.open(1);
         let mut buf = vec![0u8; 4096];
         let addr = buf.as_mut_ptr().cast::<c_void>();
         // SAFETY: `buf` outlives every registration; each MR is deregistered before the end.
@@ -400,8 +400,10 @@ mod tests {
 
     #[test]
     fn rereg_changes_translation_pd_and_access() {
-        let net = SimNetwork::perfect();
-        let ctx = testing::open(&net, "10.20.2.1");
+        let Some(lab) = testing::Lab::new("vmmr2") else {
+            return;
+        };
+        let ctx = lab.open(1);
         let mut a = vec![0u8; 64];
         let mut b = vec![0u8; 128];
         let pa = a.as_mut_ptr().cast::<c_void>();

@@ -41,6 +41,7 @@ pub mod misc;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+pub mod qp_ex;
 pub mod srq;
 
 use sys::verbs_context;

@@ -6,12 +6,19 @@
 #   nftables  kernel packet loss (numgen random) for the lossy-network tests
 #   python3   the fake pingpong peers of bin/tests/pingpong_errors.rs (a test fails in CI
 #             without it, by the test kit's skip policy)
+#   ibverbs-utils perftest libibverbs-dev python3-pyverbs
+#             issue 13: the stock binaries run on the drop-in libibverbs.so.1
+#             (conformance/stock/ci.sh) and rdma-core 44's verbs.h for the verbs crate's tests
 set -euo pipefail
 need=()
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+command -v ibv_rc_pingpong >/dev/null 2>&1 || need+=(ibverbs-utils)
+command -v ib_send_bw >/dev/null 2>&1 || need+=(perftest)
+[ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
+/usr/bin/python3 -c 'import pyverbs.device' >/dev/null 2>&1 || need+=(python3-pyverbs)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "setup: missing ${need[*]}; run as root or: sudo apt-get install ${need[*]}" >&2

@@ -9,7 +9,9 @@
 //! - `rocectl rc-pingpong`, `uc-pingpong`, `ud-pingpong`, `srq-pingpong` ([`pingpong`]):
 //!   rdma-core's `ibv_*_pingpong`, interoperable with them;
 //! - `rocectl send-bw`, `write-bw`, `read-bw`, `atomic-bw`, `send-lat`, `write-lat`, `read-lat`
-//!   ([`perftest`]): perftest's tools, interoperable with the stock `ib_*` ones.
+//!   ([`perftest`]): perftest's tools, interoperable with the stock `ib_*` ones;
+//! - `rocectl exec -- CMD…` ([`exec`]): runs an unmodified libibverbs program (`ibv_devinfo`,
+//!   `ib_write_bw`, …) on rocectl's drop-in `libibverbs.so.1`.
 //!
 //! Errors are reported with `anyhow` at this level only: each command returns
 //! `anyhow::Result<ExitCode>`, and [`main`] prints `rocectl: error: …` with its causes and exits
@@ -24,6 +26,7 @@ use oob::perftest::Tool;
 mod demo;
 mod device;
 mod devinfo;
+mod exec;
 mod limits;
 mod oob;
 mod pcap;
@@ -76,12 +79,17 @@ enum Command {
     WriteLat(perftest::PerfArgs),
     /// RDMA READ latency, like perftest's ib_read_lat
     ReadLat(perftest::PerfArgs),
+    /// Run an unmodified libibverbs program on rocectl's libibverbs.so.1 (verbs/build-so.sh)
+    Exec(exec::ExecArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Commands that can capture close their captures on SIGINT/SIGTERM ([`signals`]).
-    let captures = !matches!(cli.command, Command::Devinfo(_) | Command::Pcap(_));
+    let captures = !matches!(
+        cli.command,
+        Command::Devinfo(_) | Command::Pcap(_) | Command::Exec(_)
+    );
     if captures {
         if let Err(err) = signals::install() {
             eprintln!("rocectl: error: {err:#}");
@@ -103,6 +111,7 @@ fn main() -> ExitCode {
         Command::SendLat(a) => perftest::run(Tool::SendLat, &a),
         Command::WriteLat(a) => perftest::run(Tool::WriteLat, &a),
         Command::ReadLat(a) => perftest::run(Tool::ReadLat, &a),
+        Command::Exec(args) => Ok(exec::run(&args)),
     };
     match result {
         Ok(code) => code,

@@ -43,6 +43,16 @@ pub(crate) const MAX_HEADERS: usize = 14 + 40 + 8;
 /// Most asynchronous events kept for the application (older ones are not dropped; newer are).
 const MAX_EVENTS: usize = 1024;
 
+/// Takes asynchronous events as the engine produces them, instead of [`Endpoint::events`]
+/// (`Device::set_async_event_hook`). It runs under the engine lock.
+pub(crate) struct EventHook(pub(crate) Box<dyn Fn(AsyncEvent) + Send>);
+
+impl std::fmt::Debug for EventHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EventHook")
+    }
+}
+
 /// A QP the core drives and the CQs its completions go to.
 #[derive(Debug)]
 pub(crate) struct QpSlot {
@@ -85,6 +95,8 @@ pub(crate) struct Endpoint {
     ident_checker: Ipv4IdentChecker,
     pub(crate) counters: DeviceCounters,
     pub(crate) events: Vec<AsyncEvent>,
+    /// When set, events go here instead of into `events`.
+    pub(crate) event_hook: Option<EventHook>,
     pub(crate) last_error: Option<String>,
     /// Statistics of destroyed QPs (device counters keep counting them).
     pub(crate) retired: Vec<QpStats>,
@@ -108,6 +120,7 @@ impl Endpoint {
             ident_checker: Ipv4IdentChecker::new(IdentPolicy::default()),
             counters: DeviceCounters::default(),
             events: Vec::new(),
+            event_hook: None,
             last_error: None,
             retired: Vec::new(),
         }
@@ -375,11 +388,14 @@ impl Endpoint {
                 cq.push(c);
             }
             while let Some(e) = slot.qp.poll_event() {
-                if self.events.len() < MAX_EVENTS {
-                    self.events.push(AsyncEvent {
-                        qpn: Qpn::new(slot.qp.qpn().value()),
-                        event: e,
-                    });
+                let ev = AsyncEvent {
+                    qpn: Qpn::new(slot.qp.qpn().value()),
+                    event: e,
+                };
+                match &self.event_hook {
+                    Some(hook) => (hook.0)(ev),
+                    None if self.events.len() < MAX_EVENTS => self.events.push(ev),
+                    None => {}
                 }
                 if let Event::QpFatal(status) = e {
                     self.last_error = Some(format!(

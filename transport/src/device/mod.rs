@@ -267,6 +267,22 @@ impl Device {
         }
     }
 
+    /// Hands every asynchronous event to `hook` as the engine produces it, instead of keeping
+    /// it for [`Self::poll_async_event`]; events already waiting go to `hook` first. A second
+    /// call replaces the hook.
+    ///
+    /// The hook runs under the device's engine lock, on whichever thread made progress (the
+    /// engine thread, a poster, a CQ poll): it must be quick and must not call into this
+    /// device or drop the last handle of it. Waking a descriptor is its purpose
+    /// (`libibverbs`' `async_fd`).
+    pub fn set_async_event_hook(&self, hook: impl Fn(AsyncEvent) + Send + 'static) {
+        let mut e = self.lock_engine();
+        for ev in std::mem::take(&mut e.ep.events) {
+            hook(ev);
+        }
+        e.ep.event_hook = Some(crate::endpoint::EventHook(Box::new(hook)));
+    }
+
     /// One non-blocking pass of the engine: receive what is waiting, fire due timers, send,
     /// move completions to their CQs. Returns whether anything was received or sent.
     pub fn progress(&self) -> bool {
@@ -381,5 +397,77 @@ fn open_backend(backend: Backend) -> Result<Box<dyn Datapath>, OpenError> {
         Backend::Custom(dp) => Ok(dp),
         Backend::Udp { local, port } => crate::datapath::open::udp(local, port),
         Backend::Raw { ifname, local } => crate::datapath::open::raw(&ifname, local),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use roce_qp::Event;
+
+    use super::*;
+    use crate::{
+        Access, ConnectOptions, Psn, QpInit, QpType, RemoteQp, SendOp, SendWr, SimNetwork, WcStatus,
+    };
+
+    /// A WRITE with a bad R_Key fails the requester (IBV_EVENT_QP_FATAL): with a hook set the
+    /// event reaches the hook, once, and is no longer queued for `poll_async_event`.
+    #[test]
+    fn the_async_event_hook_takes_the_events() {
+        let net = SimNetwork::perfect();
+        let a = Device::open(DeviceConfig::sim(&net, "10.9.0.1".parse().unwrap())).unwrap();
+        let b = Device::open(DeviceConfig::sim(&net, "10.9.0.2".parse().unwrap())).unwrap();
+        let (tx, rx) = mpsc::channel();
+        a.set_async_event_hook(move |ev| {
+            let _ = tx.send(ev);
+        });
+        let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+        let (ca, cb) = (a.create_cq(8).unwrap(), b.create_cq(8).unwrap());
+        let qa = pa.create_qp(&QpInit::new(QpType::Rc, &ca)).unwrap();
+        let qb = pb.create_qp(&QpInit::new(QpType::Rc, &cb)).unwrap();
+        let o = ConnectOptions::default();
+        let remote = |qpn, gid| RemoteQp {
+            qpn,
+            psn: Psn::new(0),
+            gid,
+        };
+        qa.connect(&remote(qb.qpn(), b.local_gid()), &o).unwrap();
+        qb.connect(&remote(qa.qpn(), a.local_gid()), &o).unwrap();
+        let src = pa.register(vec![7u8; 8], Access::LOCAL_WRITE).unwrap();
+        let dst = pb.register(vec![0u8; 8], Access::LOCAL_WRITE).unwrap();
+        let op = SendOp::RdmaWrite {
+            remote_addr: dst.addr(),
+            rkey: dst.rkey(),
+        };
+        qa.post_send(SendWr::new(1, op, vec![src.sge(0, 8)]))
+            .unwrap();
+        let mut wc = [crate::Completion::EMPTY; 1];
+        assert_eq!(ca.wait(&mut wc, Duration::from_secs(5)), 1);
+        assert_eq!(wc[0].status, WcStatus::RemAccessErr);
+        let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(ev.qpn.value(), qa.qpn().value());
+        assert_eq!(ev.event, Event::QpFatal(WcStatus::RemAccessErr));
+        assert!(a.poll_async_event().is_none());
+        assert!(rx.try_recv().is_err());
+    }
+
+    /// Events queued before the hook is set are handed to it when it is set.
+    #[test]
+    fn a_new_hook_gets_the_queued_events_first() {
+        let net = SimNetwork::perfect();
+        let a = Device::open(DeviceConfig::sim(&net, "10.9.1.1".parse().unwrap())).unwrap();
+        let ev = AsyncEvent {
+            qpn: roce_wire::Qpn::new(0x12),
+            event: Event::SqDrained,
+        };
+        a.lock_engine().ep.events.push(ev);
+        let (tx, rx) = mpsc::channel();
+        a.set_async_event_hook(move |ev| {
+            let _ = tx.send(ev);
+        });
+        assert_eq!(rx.try_recv().unwrap(), ev);
+        assert!(a.poll_async_event().is_none());
     }
 }

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 13's proof, as .ci/run calls it: unmodified Debian binaries on rocectl's drop-in
+# libibverbs.so.1. Builds rocectl and the drop-in (verbs/build-so.sh), then runs
+#   conformance/tests/stock_tools.rs   ibv_*_pingpong and perftest over a veth pair: both ends on
+#                                      the drop-in (pairing 1), and against rocectl's own tools
+#                                      in both directions (pairing 3);
+#   conformance/tests/pyverbs_suite.rs rdma-core v44's own tests with Debian's python3-pyverbs.
+# Each rewrites its section of conformance/README.md. Both run even when the first fails.
+# (Pairing 2, against Linux rdma_rxe, runs in conformance/lab/ci.sh.)
+#
+# Needs root (network namespaces). Installs ibverbs-utils, perftest and python3-pyverbs with
+# apt-get when missing. Exit status: 0 pass, 1 a case failed, 77 a prerequisite is missing.
+# ROCE_DROPIN_CASES / ROCE_PYVERBS_FILES filter (see the tests' docs).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [ "$(id -u)" != 0 ]; then
+  echo "conformance/stock/ci.sh: must run as root (ip netns, veth)" >&2
+  exit 77
+fi
+need=()
+command -v ibv_rc_pingpong >/dev/null 2>&1 || need+=(ibverbs-utils)
+command -v ib_send_bw >/dev/null 2>&1 || need+=(perftest)
+/usr/bin/python3 -c 'import pyverbs.device' >/dev/null 2>&1 || need+=(python3-pyverbs)
+if [ ${#need[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if [ ! -f verbs/build-so.sh ]; then
+  echo "conformance/stock/ci.sh: verbs/build-so.sh is missing: cannot build the drop-in" >&2
+  exit 77
+fi
+start=$(date +%s)
+cargo build --release --locked -p rocectl
+bash verbs/build-so.sh
+status=0
+ROCE_DROPIN=1 cargo test --release --locked -p roce-conformance --test stock_tools \
+  -- --nocapture || status=1
+ROCE_DROPIN=1 cargo test --release --locked -p roce-conformance --test pyverbs_suite \
+  -- --nocapture || status=1
+echo "conformance/stock/ci.sh: done in $(( $(date +%s) - start ))s (status $status)"
+exit $status

@@ -6,8 +6,9 @@
 //! (`tests/c/memcq_probe.c`; it names the failed check). Two RC QPs of one context on `lo` of
 //! a temporary network namespace exchange a SEND with immediate (one event per armed CQ on
 //! the shared channel, a blocking `ibv_get_cq_event`, acknowledgements, then `EAGAIN` with
-//! `O_NONBLOCK`), an RDMA WRITE into the registered array itself, and a WRITE refused after
-//! `ibv_dereg_mr`.
+//! `O_NONBLOCK`), an RDMA WRITE into the registered array itself and one into a ZERO_BASED
+//! region at an offset, solicited-only arming (no event for an unsolicited SEND, one for a
+//! solicited SEND), and a WRITE refused after `ibv_dereg_mr`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

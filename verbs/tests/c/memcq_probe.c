@@ -1,7 +1,7 @@
 /* Memory registration, CQs and completion channels through <infiniband/verbs.h> as a stock
  * program sees them: the ibv_reg_mr macro (-> ibv_reg_mr or ibv_reg_mr_iova2), the inline
  * ibv_create_cq_ex / ibv_start_poll / ibv_wc_read_* / ibv_poll_cq / ibv_req_notify_cq, and
- * the exported channel verbs. Two RC QPs of one context talk to each other over the GID of
+ * the exported channel verbs, solicited-only arming, a ZERO_BASED region. Two RC QPs of one context talk to each other over the GID of
  * 127.0.0.1. Prints "memcq probe ok" and exits 0, or names the failed check. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -21,7 +21,7 @@
         }                                                                                      \
     } while (0)
 
-static uint64_t src[64], dst[64];
+static uint64_t src[64], dst[64], zb[8];
 
 static struct ibv_wc poll_one(struct ibv_cq *cq)
 {
@@ -181,6 +181,45 @@ int main(int argc, char **argv)
     wc = poll_one(scq);
     CHECK(wc.wr_id == 2 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE);
     CHECK(memcmp(&dst[32], src, 32) == 0);
+
+    /* A zero-based region is addressed by offsets. */
+    struct ibv_mr *mzb = ibv_reg_mr(pd, zb, sizeof zb,
+                                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                        IBV_ACCESS_ZERO_BASED);
+    CHECK(mzb && mzb->addr == zb);
+    ss.length = 8;
+    swr.wr_id = 4;
+    swr.wr.rdma.remote_addr = 16;
+    swr.wr.rdma.rkey = mzb->rkey;
+    CHECK(ibv_post_send(a, &swr, &sbad) == 0);
+    wc = poll_one(scq);
+    CHECK(wc.wr_id == 4 && wc.status == IBV_WC_SUCCESS);
+    CHECK(zb[2] == src[0] && zb[0] == 0 && zb[1] == 0 && zb[3] == 0);
+    CHECK(ibv_dereg_mr(mzb) == 0);
+
+    /* Solicited-only arming: an unsolicited SEND makes no event, a solicited one does. */
+    CHECK(ibv_req_notify_cq(ibv_cq_ex_to_cq(rcq), 1) == 0);
+    struct pollfd pfd = {.fd = ch->fd, .events = POLLIN};
+    ss.length = 0;
+    swr.opcode = IBV_WR_SEND;
+    for (int solicited = 0; solicited < 2; solicited++) {
+        rwr.wr_id = 80 + solicited;
+        CHECK(ibv_post_recv(b, &rwr, &rbad) == 0);
+        swr.wr_id = 5 + solicited;
+        swr.send_flags = IBV_SEND_SIGNALED | (solicited ? IBV_SEND_SOLICITED : 0);
+        CHECK(ibv_post_send(a, &swr, &sbad) == 0);
+        wc = poll_one(scq);
+        CHECK(wc.wr_id == 5 + (uint64_t)solicited && wc.status == IBV_WC_SUCCESS);
+        wc = poll_one(ibv_cq_ex_to_cq(rcq));
+        CHECK(wc.wr_id == 80 + (uint64_t)solicited && wc.opcode == IBV_WC_RECV);
+        CHECK(poll(&pfd, 1, solicited ? 5000 : 50) == solicited);
+    }
+    CHECK(ibv_get_cq_event(ch, &ecq, &ectx) == 0 && ecq == ibv_cq_ex_to_cq(rcq));
+    ibv_ack_cq_events(ecq, 1);
+    CHECK(rcq->comp_events_completed == 2);
+    swr.opcode = IBV_WR_RDMA_WRITE;
+    swr.send_flags = IBV_SEND_SIGNALED;
+    ss.length = 32;
 
     /* Deregistered: the same rkey is refused. */
     uint32_t rkey = mdst->rkey;

@@ -463,7 +463,7 @@ fn argv_what(argv: &[String]) -> String {
 }
 
 /// A command line as the README shows it: paths inside the workspace made relative, the
-/// namespace named.
+/// namespace's side named (`[ns a] ...`: servers run in namespace a, clients in b).
 pub fn show_command(paths: &DropinPaths, node: &Node, argv: &[String]) -> String {
     let ws = paths.workspace.display().to_string();
     let line = argv
@@ -479,7 +479,16 @@ pub fn show_command(paths: &DropinPaths, node: &Node, argv: &[String]) -> String
         })
         .collect::<Vec<_>>()
         .join(" ");
-    format!("[{}] {line}", node.netns.name())
+    format!("[{}] {line}", side_label(node.netns.name()))
+}
+
+/// `roce-dropin-4242-0-a` → `ns a` (the test kit's pair names end in the side; the pid and
+/// counter in the middle change from run to run and would only make the README's diff noisy).
+fn side_label(ns: &str) -> String {
+    match ns.rsplit_once('-') {
+        Some((_, side)) if side.len() == 1 => format!("ns {side}"),
+        _ => ns.to_owned(),
+    }
 }
 
 /// The index of the GID `::ffff:<ipv4>` in `ibv_devinfo -v` / `rocectl devinfo -v` output
@@ -1127,7 +1136,10 @@ pub fn render_section(report: &StockReport) -> String {
                 c.figure.as_deref().map_or("-".to_owned(), md_cell)
             );
         }
-        let _ = writeln!(s, "\nCommands (`[namespace] command`):\n");
+        let _ = writeln!(
+            s,
+            "\nCommands (`[ns a]`: the server's namespace, `[ns b]`: the client's):\n"
+        );
         for c in &p.checks {
             let _ = writeln!(s, "- `{}`: `{}`", c.name, c.cmd);
         }
@@ -1262,7 +1274,7 @@ mod tests {
             rocectl: PathBuf::from("/ws/target/release/rocectl"),
         };
         let node = Node {
-            netns: Netns::named("ns-a"),
+            netns: Netns::named("roce-dropin-4242-0-a"),
             ifname: "veth-a".to_owned(),
             ipv4: Ipv4Addr::new(10, 1, 2, 1),
             stock_gid: Some(1),
@@ -1279,7 +1291,7 @@ mod tests {
         );
         assert_eq!(
             show_command(&paths, &node, &stock),
-            "[ns-a] LD_LIBRARY_PATH=target/release/rocectl-verbs ib_send_bw -d rocectl_veth-a \
+            "[ns a] LD_LIBRARY_PATH=target/release/rocectl-verbs ib_send_bw -d rocectl_veth-a \
              -x 1 -p 18600 -n 100 -c UD -F 10.1.2.2"
         );
         let ours = node.argv(
@@ -1291,7 +1303,7 @@ mod tests {
         );
         assert_eq!(
             show_command(&paths, &node, &ours),
-            "[ns-a] target/release/rocectl send-bw -d veth-a -x 1 -p 18600 -n 100 -c UD -F"
+            "[ns a] target/release/rocectl send-bw -d veth-a -x 1 -p 18600 -n 100 -c UD -F"
         );
     }
 

@@ -631,17 +631,31 @@ pub fn check_perftest(out: &str) -> Result<String, String> {
     })
 }
 
-/// The last line of `o` worth quoting (stderr first, where the tools complain).
+/// What `o` said that is worth quoting in one line: its error lines (standard error, where the
+/// tools complain; standard output when that is empty), the first and the last when there are
+/// several (`Couldn't allocate PD … Couldn't create IB resources`), without perftest's banners.
 pub fn last_words(o: &Output) -> String {
-    let pick = |s: &str| {
+    let meaningful = |s: &str| -> Vec<String> {
         s.lines()
             .map(str::trim)
-            .rfind(|l| !l.is_empty() && !l.chars().all(|c| c == '-' || c == '*'))
+            .filter(|l| {
+                !l.is_empty()
+                    && !l.chars().all(|c| c == '-' || c == '*')
+                    && !l.contains("Waiting for client to connect")
+            })
             .map(str::to_owned)
+            .collect()
     };
-    pick(&o.stderr)
-        .or_else(|| pick(&o.stdout))
-        .unwrap_or_else(|| "no output".to_owned())
+    let mut lines = meaningful(&o.stderr);
+    if lines.is_empty() {
+        lines = meaningful(&o.stdout);
+    }
+    match lines.as_slice() {
+        [] => "no output".to_owned(),
+        [one] => one.clone(),
+        [first, .., last] if first == last => first.clone(),
+        [first, .., last] => format!("{first} … {last}"),
+    }
 }
 
 /// One case to run: a variant, who serves and who connects.
@@ -1305,6 +1319,25 @@ mod tests {
             show_command(&paths, &node, &ours),
             "[ns a] target/release/rocectl send-bw -d veth-a -x 1 -p 18600 -n 100 -c UD -F"
         );
+    }
+
+    #[test]
+    fn quotes_the_first_and_last_error_lines() {
+        let o = Output {
+            code: Some(1),
+            stdout: "\n****\n* Waiting for client to connect... *\n****\n".to_owned(),
+            stderr: "Couldn't allocate PD\n Couldn't create IB resources\n".to_owned(),
+            ..Output::default()
+        };
+        assert_eq!(
+            last_words(&o),
+            "Couldn't allocate PD … Couldn't create IB resources"
+        );
+        let quiet = Output {
+            stdout: "****\n* Waiting for client to connect... *\n".to_owned(),
+            ..Output::default()
+        };
+        assert_eq!(last_words(&quiet), "no output");
     }
 
     #[test]

@@ -146,10 +146,9 @@ fn stock_tools_on_the_dropin() {
         environment.push((
             format!("{what}: server side"),
             format!(
-                "{} {} in {}, GID index {} (drop-in), {} (rocectl)",
+                "{} {} in ns a, GID index {} (drop-in), {} (rocectl)",
                 link.server.ifname,
                 link.server.ipv4,
-                link.server.netns,
                 gid(link.server.stock_gid),
                 gid(link.server.ours_gid)
             ),
@@ -157,10 +156,9 @@ fn stock_tools_on_the_dropin() {
         environment.push((
             format!("{what}: client side"),
             format!(
-                "{} {} in {}, GID index {} (drop-in), {} (rocectl)",
+                "{} {} in ns b, GID index {} (drop-in), {} (rocectl)",
                 link.client.ifname,
                 link.client.ipv4,
-                link.client.netns,
                 gid(link.client.stock_gid),
                 gid(link.client.ours_gid)
             ),

@@ -10,7 +10,7 @@ bindgen /tmp/rocectl-verbs-wrap.h \
   --allowlist-type 'ibv_.*|verbs_.*|ib_uverbs_.*' \
   --allowlist-var 'IBV_.*|VERBS_.*|IB_UVERBS_.*' \
   --use-core --default-enum-style consts --with-derive-default --no-doc-comments \
-  --raw-line '#![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, missing_docs, dead_code, unreachable_pub, unsafe_op_in_unsafe_fn, clippy::all)]' \
+  --raw-line '#![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, missing_docs, dead_code, unreachable_pub, unsafe_op_in_unsafe_fn, clippy::all, clippy::use_self)]' \
   -o src/sys.rs -- -I/usr/include
 # The workspace formats every file, this one included.
 rustfmt --edition 2021 src/sys.rs

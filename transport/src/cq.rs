@@ -4,10 +4,15 @@
 //! application polls and waits on the same object through [`crate::CompletionQueue`]. The CQ
 //! lock is always taken after the engine lock, never before (see the lock order in
 //! [`crate::device`]).
+//!
+//! A CQ may carry a *notifier* ([`crate::CompletionQueue::set_notify`]): a completion
+//! channel shared by several CQs (`ibv_comp_channel`) hooks in there. When the armed CQ fires,
+//! the notifier is called instead of the CQ's own event fd, under the engine lock and under
+//! the CQ's notifier lock (engine → CQ → whatever the notifier takes, which must be a leaf).
 
 use std::io;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 use roce_qp::verbs::{Completion, WcStatus};
 use roce_qp::Event;
@@ -32,7 +37,6 @@ pub struct AsyncEvent {
 }
 
 /// The part of a CQ the engine pushes into.
-#[derive(Debug)]
 pub(crate) struct CqShared {
     pub(crate) queue: Mutex<roce_qp::cq::CompletionQueue>,
     pub(crate) cond: Condvar,
@@ -41,6 +45,22 @@ pub(crate) struct CqShared {
     pub(crate) waiters: AtomicUsize,
     pub(crate) armed: AtomicU8,
     pub(crate) event: EventFd,
+    /// Called instead of `event` when the armed CQ fires. Held while the notifier runs, so
+    /// replacing it waits for a call in progress.
+    pub(crate) notifier: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+    /// A completion was lost to overflow before the queue was replaced by a resize (the new
+    /// queue starts without the flag).
+    pub(crate) overflowed_before: AtomicBool,
+}
+
+impl std::fmt::Debug for CqShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CqShared")
+            .field("queue", &self.queue)
+            .field("armed", &self.armed)
+            .field("event", &self.event)
+            .finish_non_exhaustive()
+    }
 }
 
 impl CqShared {
@@ -52,10 +72,13 @@ impl CqShared {
             waiters: AtomicUsize::new(0),
             armed: AtomicU8::new(NOTIFY_NONE),
             event: EventFd::new()?,
+            notifier: Mutex::new(None),
+            overflowed_before: AtomicBool::new(false),
         })
     }
 
-    /// Queues a completion, wakes waiters and fires an armed completion channel.
+    /// Queues a completion, wakes waiters and fires an armed completion channel: the notifier
+    /// if one is set, else the event fd.
     pub(crate) fn push(&self, c: Completion) {
         {
             let mut q = lock(&self.queue);
@@ -69,7 +92,39 @@ impl CqShared {
         let fire = armed == NOTIFY_ALL
             || (armed == NOTIFY_SOLICITED && (c.solicited || c.status != WcStatus::Success));
         if fire && self.armed.swap(NOTIFY_NONE, Ordering::AcqRel) != NOTIFY_NONE {
-            self.event.notify();
+            let notifier = lock(&self.notifier);
+            match notifier.as_ref() {
+                Some(f) => f(),
+                None => self.event.notify(),
+            }
         }
+    }
+
+    /// Replaces the notifier; when this returns, the old one is neither running nor called
+    /// again.
+    pub(crate) fn set_notifier(&self, f: Option<Arc<dyn Fn() + Send + Sync>>) {
+        *lock(&self.notifier) = f;
+    }
+
+    /// Gives the queue a new depth, keeping the completions waiting.
+    ///
+    /// # Errors
+    /// `depth` below the number of completions waiting: returns that number.
+    pub(crate) fn resize(&self, depth: usize) -> Result<(), usize> {
+        let mut q = lock(&self.queue);
+        if depth < q.len() {
+            return Err(q.len());
+        }
+        let mut new = roce_qp::cq::CompletionQueue::new(depth);
+        while let Some(c) = q.poll() {
+            // INVARIANT: depth >= the number of entries moved.
+            new.push(c)
+                .expect("INVARIANT: the new queue holds every waiting completion");
+        }
+        if q.overflowed() {
+            self.overflowed_before.store(true, Ordering::Release);
+        }
+        *q = new;
+        Ok(())
     }
 }

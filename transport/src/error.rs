@@ -93,6 +93,14 @@ pub enum VerbsError {
     /// A CQ depth of 0 or too large.
     #[error("CQ depth {0} is out of range (1..=1048576)")]
     BadCqDepth(usize),
+    /// A CQ resized below the number of completions it holds.
+    #[error("cannot resize the CQ to {depth} entries: {waiting} completions are waiting")]
+    CqTooSmall {
+        /// Requested depth.
+        depth: usize,
+        /// Completions waiting.
+        waiting: usize,
+    },
     /// A path MTU above the device's active MTU.
     #[error("path MTU {requested} exceeds the device's active MTU {active}")]
     MtuTooLarge {

@@ -28,7 +28,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use roce_transport::netdev;
-use roce_transport::{AsyncEvent, DeviceConfig, Event, Mtu};
+use roce_transport::{AsyncEvent, DeviceConfig, Event, Mtu, OpenError};
 
 use crate::device::DeviceRec;
 use crate::ffi;
@@ -199,18 +199,35 @@ fn open_shared(rec: &'static DeviceRec) -> Result<Arc<OpenDevice>, i32> {
     }
     let config = DeviceConfig::udp(rec.addr).name(rec.spec.name.clone());
     let dev = roce_transport::Device::open(config).map_err(|e| {
+        // The transport's hint for this one names the rocectl CLI's flags.
+        let why = match &e {
+            OpenError::AddrNotAvailable { addr } => format!(
+                "{} is not an address of this host (configure it, or change the device's \
+                 @ADDR in {} or the configuration file)",
+                addr.ip(),
+                crate::device::DEVICES_ENV
+            ),
+            other => other.to_string(),
+        };
         eprintln!(
-            "rocectl libibverbs: cannot open {} (interface {}, address {}): {e}",
+            "rocectl libibverbs: cannot open {} (interface {}, address {}): {why}",
             rec.spec.name, rec.spec.ifname, rec.addr
         );
         ffi::errno_of_open(&e)
     })?;
-    let dispatch = Arc::new(Dispatch::default());
-    let d = dispatch.clone();
-    dev.set_async_event_hook(move |ev| d.deliver(ev));
-    let open = Arc::new(OpenDevice { dev, dispatch });
+    let open = OpenDevice::new(dev);
     *slot = Arc::downgrade(&open);
     Ok(open)
+}
+
+impl OpenDevice {
+    /// Wraps an open engine, its async events routed to the contexts.
+    fn new(dev: roce_transport::Device) -> Arc<Self> {
+        let dispatch = Arc::new(Dispatch::default());
+        let d = dispatch.clone();
+        dev.set_async_event_hook(move |ev| d.deliver(ev));
+        Arc::new(Self { dev, dispatch })
+    }
 }
 
 /// `ibv_open_device(3)`: a context on `device`, its engine running. NULL with `errno` when
@@ -221,40 +238,55 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     ffi::guard_ptr("ibv_open_device", || {
         let rec = DeviceRec::from_ibv(device).ok_or(libc::EINVAL)?;
         let open = open_shared(rec)?;
-        let qps = Arc::new(Mutex::new(HashMap::new()));
-        let events = Arc::new(AsyncQueue::new(qps.clone())?);
-        let b = Box::new(ContextRec {
-            // SAFETY: verbs_context is C data (pointers, integers, `Option<fn>`s, a pthread
-            // mutex initialised below): all zeroes is valid.
-            vctx: unsafe { std::mem::zeroed() },
-            dev: open.dev.clone(),
-            qps,
-            srqs: Mutex::new(Vec::new()),
-            device: rec,
-            events: events.clone(),
-            open: open.clone(),
-        });
-        let p = Box::into_raw(b);
-        // SAFETY: `p` is the live record just leaked; nothing else refers to it yet.
-        let r = unsafe { &mut *p };
-        let c = &mut r.vctx.context;
-        c.device = rec.ibv();
-        c.cmd_fd = -1;
-        c.async_fd = events.fd.as_raw_fd();
-        c.num_comp_vectors = 1;
-        // SAFETY: the mutex is in the boxed record, which does not move until it is freed.
-        unsafe {
-            libc::pthread_mutex_init(std::ptr::from_mut(&mut c.mutex).cast(), std::ptr::null())
-        };
-        crate::install_ops(&mut r.vctx);
-        lock(&open.dispatch.contexts).push(Arc::downgrade(&events));
-        ffi::trace(format_args!(
-            "opened {} on {}",
-            rec.spec.name,
-            open.dev.local_addr()
-        ));
-        Ok(r.ibv())
+        new_context(rec, open)
     })
+}
+
+/// A new context of `rec` on its open engine.
+fn new_context(rec: &'static DeviceRec, open: Arc<OpenDevice>) -> Result<*mut ibv_context, i32> {
+    let qps = Arc::new(Mutex::new(HashMap::new()));
+    let events = Arc::new(AsyncQueue::new(qps.clone())?);
+    let b = Box::new(ContextRec {
+        // SAFETY: verbs_context is C data (pointers, integers, `Option<fn>`s, a pthread
+        // mutex initialised below): all zeroes is valid.
+        vctx: unsafe { std::mem::zeroed() },
+        dev: open.dev.clone(),
+        qps,
+        srqs: Mutex::new(Vec::new()),
+        device: rec,
+        events: events.clone(),
+        open: open.clone(),
+    });
+    let p = Box::into_raw(b);
+    // SAFETY: `p` is the live record just leaked; nothing else refers to it yet.
+    let r = unsafe { &mut *p };
+    let c = &mut r.vctx.context;
+    c.device = rec.ibv();
+    c.cmd_fd = -1;
+    c.async_fd = events.fd.as_raw_fd();
+    c.num_comp_vectors = 1;
+    // SAFETY: the mutex is in the boxed record, which does not move until it is freed.
+    unsafe { libc::pthread_mutex_init(std::ptr::from_mut(&mut c.mutex).cast(), std::ptr::null()) };
+    crate::install_ops(&mut r.vctx);
+    lock(&open.dispatch.contexts).push(Arc::downgrade(&events));
+    ffi::trace(format_args!(
+        "opened {} on {}",
+        rec.spec.name,
+        open.dev.local_addr()
+    ));
+    Ok(r.ibv())
+}
+
+/// For unit tests of the other modules: a context exactly as `ibv_open_device` makes it,
+/// around an already open `dev` (a `sim` device, say), under a device record named after
+/// it. Close it with [`ibv_close_device`].
+#[cfg(test)]
+pub(crate) fn open_test_context(dev: roce_transport::Device) -> *mut ibv_context {
+    let rec = crate::device::test_record(dev.name(), dev.local_addr().ip());
+    let open = OpenDevice::new(dev);
+    *lock(&rec.open) = Arc::downgrade(&open);
+    // INVARIANT: only an eventfd can fail here; a test may panic on it.
+    new_context(rec, open).expect("eventfd for async_fd")
 }
 
 /// `ibv_close_device(3)`: frees the context; the engine stops with the last context of the
@@ -805,6 +837,43 @@ mod tests {
         assert_eq!(size_of::<ibv_port_attr>(), 52);
     }
 
+    /// The constructor the other modules' unit tests use: a context on a `sim` device, as
+    /// `ibv_open_device` makes them.
+    #[test]
+    fn a_test_context_on_a_sim_device() {
+        let net = roce_transport::SimNetwork::perfect();
+        let config = DeviceConfig::sim(&net, "10.66.0.1".parse().unwrap()).name("sim_ctx");
+        let dev = roce_transport::Device::open(config).unwrap();
+        let ctx = open_test_context(dev);
+        // SAFETY: just opened.
+        let rec = unsafe { ContextRec::from_ibv(ctx) }.unwrap();
+        let c = &rec.vctx.context;
+        assert_eq!((c.cmd_fd, c.num_comp_vectors), (-1, 1));
+        assert!(c.async_fd >= 0);
+        assert_eq!(c.abi_compat as usize, usize::MAX);
+        assert!(rec.vctx.query_port.is_some() && rec.vctx.query_device_ex.is_some());
+        // SAFETY: the context's device is a record of this library.
+        let name =
+            unsafe { std::ffi::CStr::from_ptr(crate::device::ibv_get_device_name(c.device)) };
+        assert_eq!(name.to_str().unwrap(), "sim_ctx");
+        // SAFETY: zeroed C data, filled by the call.
+        let mut da: ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: a live context and attribute struct.
+        assert_eq!(unsafe { ibv_query_device(ctx, &mut da) }, 0);
+        assert_eq!(da.phys_port_cnt, 1);
+        // SAFETY: zeroed C data.
+        let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
+        // SAFETY: a live context and GID.
+        assert_eq!(unsafe { ibv_query_gid(ctx, 1, 1, &mut gid) }, 0);
+        // SAFETY: every member of the union is plain bytes.
+        assert_eq!(
+            unsafe { gid.raw },
+            roce_transport::Gid::from_ip("10.66.0.1".parse().unwrap()).0
+        );
+        // SAFETY: open; not used afterwards.
+        assert_eq!(unsafe { ibv_close_device(ctx) }, 0);
+    }
+
     fn readable(fd: c_int, ms: c_int) -> bool {
         let mut p = libc::pollfd {
             fd,
@@ -940,6 +1009,7 @@ mod tests {
         }
         assert!(!readable(fd, 0));
         // An SRQ event names the QP's SRQ.
+        // SAFETY: C data; all zeroes is valid.
         let mut fake_srq: Box<ibv_srq> = Box::new(unsafe { std::mem::zeroed() });
         ibqp.srq = &mut *fake_srq;
         d.deliver(known(Event::SrqLimitReached));

@@ -9,6 +9,9 @@
 //! 3. one device per interface that is up, is not loopback and has an address, named
 //!    `rocectl_<ifname>` (rdma_rxe's `rxe_<ifname>` habit).
 //!
+//! An empty variable counts as unset. A source that is present decides alone: a
+//! configuration file whose lines are all bad gives no devices, and a `$ROCECTL_VERBS_CONF`
+//! that cannot be read gives none either (with a line saying so) rather than the defaults.
 //! A bad entry is skipped with one line on stderr (once per process). Without `@ADDR` the
 //! engine binds the interface's first IPv4 address, else its first IPv6 address that is not
 //! link-local.
@@ -307,6 +310,30 @@ pub(crate) fn record(spec: DeviceSpec, ifaces: &[NetDevice]) -> Option<&'static 
     Some(rec)
 }
 
+/// For unit tests: a record named `name` for an engine opened by the test itself (a `sim`
+/// device), registered like the others; the same record for the same name.
+#[cfg(test)]
+pub(crate) fn test_record(name: &str, addr: IpAddr) -> &'static DeviceRec {
+    let dev = NetDevice {
+        name: "sim".into(),
+        index: 0,
+        mac: None,
+        mtu: 1500,
+        up: true,
+        running: true,
+        loopback: false,
+        ipv4: Vec::new(),
+        ipv6: Vec::new(),
+    };
+    let spec = DeviceSpec {
+        name: name.into(),
+        ifname: "sim".into(),
+        addr: Some(addr),
+    };
+    // INVARIANT: the spec names the interface given and has an address.
+    record(spec, &[dev]).expect("a record for a named interface with an address")
+}
+
 /// Discovers the devices and returns their records, creating the new ones.
 fn discover() -> std::io::Result<Vec<&'static DeviceRec>> {
     let ifaces = netdev::interfaces()?;
@@ -395,8 +422,10 @@ pub extern "C" fn ibv_get_sysfs_path() -> *const c_char {
 /// `ibv_read_sysfs_file(dir, file, buf, size)`: reads `dir/file` into `buf` the way
 /// rdma-core does (one `read`, a trailing newline stripped, NUL-terminated; -1 when it does
 /// not fit or cannot be read), and returns the length. For a device's `ibdev_path` the
-/// files that `ibv_devinfo`, perftest and UCX read are answered from memory (see
-/// [`sysfs_text`]); every other path is read from the file system.
+/// files that `ibv_devinfo`, perftest and UCX read are answered from memory (`board_id`,
+/// `fw_ver`, `hca_type`, `hw_rev`, `node_type`, `node_guid`, `sys_image_guid`, and under
+/// `ports/1/`: `gid_attrs/types/N` ("RoCE v2"), `gid_attrs/ndevs/N`, `gids/N`, `pkeys/0`,
+/// `link_layer`, `lid`, `sm_lid`); every other path is read from the file system.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_read_sysfs_file(
     dir: *const c_char,
@@ -436,10 +465,11 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
     })
 }
 
-/// One `read(2)` of at most `size` bytes of `path`.
+/// One `read(2)` of at most `size` bytes of `path` (at most 64 KiB: sysfs files are one
+/// page, and a huge `size` must not become a huge allocation).
 fn read_real(path: &str, size: usize) -> std::io::Result<Vec<u8>> {
     let mut f = std::fs::File::open(path)?;
-    let mut v = vec![0u8; size];
+    let mut v = vec![0u8; size.min(1 << 16)];
     let n = f.read(&mut v)?;
     v.truncate(n);
     Ok(v)

@@ -95,8 +95,3 @@ pub(crate) fn trace(args: std::fmt::Arguments<'_>) {
         eprintln!("rocectl libibverbs: {args}");
     }
 }
-
-/// Whether `flag` is set in `mask` (C bit masks of any integer type).
-pub(crate) fn has(mask: u64, flag: u64) -> bool {
-    mask & flag != 0
-}

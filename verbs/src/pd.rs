@@ -1,6 +1,16 @@
 //! Protection domains (`ibv_alloc_pd`, `ibv_dealloc_pd`). OWNER: helper "memcq".
+//!
+//! A PD counts its users: every memory region registered in it, and every QP, SRQ and AH
+//! created in it ([`PdRec::hold`] / [`PdRec::release`]). `ibv_dealloc_pd` refuses with
+//! `EBUSY` while the count is not zero, as the kernel does.
 
-use crate::sys::ibv_pd;
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crate::context::ContextRec;
+use crate::ffi;
+use crate::sys::{ibv_context, ibv_pd};
 
 /// A protection domain.
 #[repr(C)]
@@ -9,6 +19,8 @@ pub(crate) struct PdRec {
     pub(crate) ibv: ibv_pd,
     /// The rocectl PD.
     pub(crate) pd: roce_transport::ProtectionDomain,
+    /// Objects using the PD (MRs, QPs, SRQs, AHs).
+    users: AtomicU32,
 }
 
 impl PdRec {
@@ -19,5 +31,166 @@ impl PdRec {
     pub(crate) unsafe fn from_ibv<'a>(pd: *mut ibv_pd) -> Option<&'a Self> {
         // SAFETY: `ibv` is the first field of the `#[repr(C)]` record.
         unsafe { pd.cast::<Self>().as_ref() }
+    }
+
+    /// Records one more object created in this PD (an MR, QP, SRQ or AH): `ibv_dealloc_pd`
+    /// fails with `EBUSY` until the matching [`Self::release`]. Call it once the object
+    /// exists (after its creation succeeded), and `release` when it is destroyed (or in the
+    /// error path that undoes it).
+    pub(crate) fn hold(&self) {
+        self.users.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Undoes one [`Self::hold`]. An unbalanced release is a bug of this library; it is
+    /// ignored rather than wrapping the count.
+    pub(crate) fn release(&self) {
+        let _ = self
+            .users
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    /// Objects using the PD.
+    pub(crate) fn users(&self) -> u32 {
+        self.users.load(Ordering::Acquire)
+    }
+}
+
+/// Locks a mutex of this library's records; a poisoned lock (a panic caught by the C-boundary
+/// guard while it was held) still guards consistent data here: every critical section only
+/// swaps or pushes whole values.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A fresh `handle` for a PD, MR or CQ: unique per process (rdma-core reports the kernel's
+/// object handle; nothing in scope interprets it).
+pub(crate) fn next_handle() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// `ibv_alloc_pd(3)`: allocates a protection domain; NULL with `errno` (EINVAL for a NULL
+/// context).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+    ffi::guard_ptr("ibv_alloc_pd", || {
+        // SAFETY: `context` is NULL or an open context of this library (the verb's contract).
+        let ctx = unsafe { ContextRec::from_ibv(context) }.ok_or(libc::EINVAL)?;
+        let rec = Box::new(PdRec {
+            ibv: ibv_pd {
+                context,
+                handle: next_handle(),
+            },
+            pd: ctx.dev.alloc_pd(),
+            users: AtomicU32::new(0),
+        });
+        Ok(Box::into_raw(rec).cast::<ibv_pd>())
+    })
+}
+
+/// `ibv_dealloc_pd(3)`: frees a protection domain; `EBUSY` while MRs, QPs, SRQs or AHs still
+/// use it, `EINVAL` for NULL.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    ffi::guard_int("ibv_dealloc_pd", || {
+        // SAFETY: `pd` is NULL or a live PD of this library (the verb's contract).
+        let rec = unsafe { PdRec::from_ibv(pd) }.ok_or(libc::EINVAL)?;
+        if rec.users() != 0 {
+            return Err(libc::EBUSY);
+        }
+        // SAFETY: allocated by `ibv_alloc_pd` with `Box::into_raw`; the application gives it
+        // up with this call, and no object of this library refers to it any more (count 0).
+        drop(unsafe { Box::from_raw(pd.cast::<PdRec>()) });
+        Ok(())
+    })
+}
+
+/// Real contexts for this crate's tests: `ibv_open_device` on `lo` of a temporary network
+/// namespace (127.0.0.1 and 127.0.0.2), UDP engines with their progress threads.
+#[cfg(test)]
+pub(crate) mod testing {
+    use roce_testkit::netns::{netns_or_skip, TempNetns};
+    use roce_transport::netdev;
+
+    use crate::context::{ibv_close_device, ibv_open_device};
+    use crate::device::{record, DeviceSpec};
+    use crate::sys::ibv_context;
+
+    /// A namespace to open contexts in.
+    pub(crate) struct Lab {
+        ns: TempNetns,
+        tag: String,
+    }
+
+    impl Lab {
+        /// A fresh namespace, or `None` (with the skip policy's line) without netns rights.
+        pub(crate) fn new(tag: &str) -> Option<Self> {
+            if !netns_or_skip(tag) {
+                return None;
+            }
+            Some(Self {
+                ns: TempNetns::create(tag).unwrap(),
+                tag: tag.to_string(),
+            })
+        }
+
+        /// A context on a device bound to 127.0.0.`host` (1 or 2); close it with [`close`].
+        pub(crate) fn open(&self, host: u8) -> *mut ibv_context {
+            let name = format!("{}_{host}", self.tag);
+            let ctx = self
+                .ns
+                .netns()
+                .enter_scoped(|| {
+                    let ifaces = netdev::interfaces().unwrap();
+                    let spec = DeviceSpec {
+                        name,
+                        ifname: "lo".into(),
+                        addr: Some(format!("127.0.0.{host}").parse().unwrap()),
+                    };
+                    let rec = record(spec, &ifaces).unwrap();
+                    // SAFETY: a device record of this library.
+                    unsafe { ibv_open_device(rec.ibv()) as usize }
+                })
+                .unwrap() as *mut ibv_context;
+            assert!(!ctx.is_null());
+            ctx
+        }
+    }
+
+    /// Closes a context from [`Lab::open`] (its objects destroyed first).
+    pub(crate) fn close(ctx: *mut ibv_context) {
+        // SAFETY: an open context, closed once.
+        assert_eq!(unsafe { ibv_close_device(ctx) }, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pd_in_use_cannot_be_deallocated() {
+        let Some(lab) = testing::Lab::new("vmpd") else {
+            return;
+        };
+        let ctx = lab.open(1);
+        // SAFETY: a live context; the PD is used only while allocated.
+        unsafe {
+            assert!(ibv_alloc_pd(std::ptr::null_mut()).is_null());
+            assert_eq!(*libc::__errno_location(), libc::EINVAL);
+            let pd = ibv_alloc_pd(ctx);
+            assert!(!pd.is_null());
+            assert_eq!((*pd).context, ctx);
+            let rec = PdRec::from_ibv(pd).unwrap();
+            rec.hold();
+            rec.hold();
+            assert_eq!(ibv_dealloc_pd(pd), libc::EBUSY);
+            rec.release();
+            assert_eq!(ibv_dealloc_pd(pd), libc::EBUSY);
+            rec.release();
+            assert_eq!(ibv_dealloc_pd(pd), 0);
+            assert_eq!(ibv_dealloc_pd(std::ptr::null_mut()), libc::EINVAL);
+        }
+        testing::close(ctx);
     }
 }

@@ -8,7 +8,8 @@
     dead_code,
     unreachable_pub,
     unsafe_op_in_unsafe_fn,
-    clippy::all
+    clippy::all,
+    clippy::use_self
 )]
 
 #[derive(PartialEq, Eq, Copy, Clone, Debug, Hash)]

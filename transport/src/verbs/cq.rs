@@ -127,9 +127,49 @@ impl CompletionQueue {
         }
     }
 
+    /// Attaches a notifier, called when the armed CQ fires, instead of making
+    /// [`Self::event_fd`] readable; `None` detaches it (the event fd is used again). This is
+    /// the hook for a completion channel shared by several CQs (`ibv_comp_channel`).
+    ///
+    /// The notifier runs on whichever thread makes engine progress, **while the engine lock
+    /// is held**: it must not block, must not call back into this device (post, poll, arm,
+    /// `set_notify`...) and may only take locks that nothing else holds while calling into
+    /// the device (leaf locks; e.g. a mutex around a queue, then a write to an eventfd).
+    ///
+    /// When `set_notify` returns, the previous notifier is not running and will not be
+    /// called again, so the state it captured may be torn down.
+    pub fn set_notify(&self, notify: Option<Arc<dyn Fn() + Send + Sync>>) {
+        self.shared.set_notifier(notify);
+    }
+
+    /// Changes the depth (`ibv_resize_cq`), keeping the completions waiting.
+    ///
+    /// # Errors
+    /// [`VerbsError::BadCqDepth`]: 0 or above the device limit (1 << 20);
+    /// [`VerbsError::CqTooSmall`]: fewer entries than completions waiting.
+    pub fn resize(&self, depth: usize) -> Result<(), VerbsError> {
+        if depth == 0 || depth > 1 << 20 {
+            return Err(VerbsError::BadCqDepth(depth));
+        }
+        self.shared
+            .resize(depth)
+            .map_err(|waiting| VerbsError::CqTooSmall { depth, waiting })
+    }
+
     /// Whether completions were lost because the CQ was full.
     pub fn overflowed(&self) -> bool {
-        lock(&self.shared.queue).overflowed()
+        self.shared.overflowed_before.load(Ordering::Acquire)
+            || lock(&self.shared.queue).overflowed()
+    }
+
+    /// Completions waiting to be polled.
+    pub fn len(&self) -> usize {
+        lock(&self.shared.queue).len()
+    }
+
+    /// Whether no completion waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Entries.
@@ -150,5 +190,116 @@ impl Device {
     /// A depth of 0 or above the device limit; eventfd creation failure.
     pub fn create_cq(&self, depth: usize) -> Result<CompletionQueue, VerbsError> {
         CompletionQueue::new(self.clone(), depth)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::super::pd::testing::{rc_pair, Side};
+    use crate::{Access, Completion, RecvWr, SendOp, SendWr, SimNetwork, VerbsError};
+
+    /// Sends one 8-byte message from `a` to `b` and waits for both completions (until `b`'s
+    /// CQ holds `id` completions: the tests send ids 1, 2, ... and poll only at the end).
+    fn send(a: &Side, b: &Side, id: u64) {
+        let src = a.pd.register(vec![1u8; 8], Access::empty()).unwrap();
+        let dst = b.pd.register_zeroed(8, Access::LOCAL_WRITE).unwrap();
+        b.qp.post_recv(RecvWr {
+            wr_id: id,
+            sges: vec![dst.sge(0, 8)],
+        })
+        .unwrap();
+        a.qp.post_send(SendWr::new(id, SendOp::Send, vec![src.sge(0, 8)]))
+            .unwrap();
+        let mut wc = [Completion::EMPTY];
+        assert_eq!(a.cq.wait(&mut wc, Duration::from_secs(5)), 1);
+        // Wait for the receive without consuming it: poll would take it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while (b.cq.len() as u64) < id {
+            assert!(std::time::Instant::now() < deadline, "receive missing");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_notifier_replaces_the_event_fd_while_attached() {
+        let net = SimNetwork::perfect();
+        let (a, b) = rc_pair(&net, 3);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        b.cq.set_notify(Some(Arc::new(move || {
+            c.fetch_add(1, Ordering::SeqCst);
+        })));
+        // Not armed: no call.
+        send(&a, &b, 1);
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        // Armed: one call per arming, and the CQ's own fd stays quiet.
+        b.cq.req_notify(false);
+        send(&a, &b, 2);
+        send(&a, &b, 3);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert!(!b.cq.get_event(Duration::ZERO));
+        // Detached: the event fd is the channel again, the notifier is never called.
+        b.cq.set_notify(None);
+        b.cq.req_notify(false);
+        send(&a, &b, 4);
+        assert!(b.cq.get_event(Duration::from_secs(5)));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        let mut wc = [Completion::EMPTY; 8];
+        assert_eq!(b.cq.poll(&mut wc), 4);
+    }
+
+    #[test]
+    fn resize_keeps_waiting_completions_and_refuses_to_drop_them() {
+        let net = SimNetwork::perfect();
+        let (a, b) = rc_pair(&net, 4);
+        for id in 1..=3 {
+            send(&a, &b, id);
+        }
+        assert!(matches!(b.cq.resize(0), Err(VerbsError::BadCqDepth(0))));
+        assert!(matches!(
+            b.cq.resize(2),
+            Err(VerbsError::CqTooSmall {
+                depth: 2,
+                waiting: 3
+            })
+        ));
+        assert_eq!(b.cq.depth(), 64);
+        b.cq.resize(3).unwrap();
+        assert_eq!(b.cq.depth(), 3);
+        // Full at 3: a fourth completion overflows, and the flag survives a later resize.
+        assert!(!b.cq.overflowed());
+        send_unwaited(&a, &b, 4);
+        b.cq.resize(16).unwrap();
+        assert!(b.cq.overflowed());
+        let mut wc = [Completion::EMPTY; 8];
+        assert_eq!(b.cq.poll(&mut wc), 3);
+        assert_eq!(
+            wc[..3].iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+    }
+
+    /// As [`send`], but the receive overflows `b`'s full CQ, so wait for the overflow flag.
+    fn send_unwaited(a: &Side, b: &Side, id: u64) {
+        let src = a.pd.register(vec![1u8; 8], Access::empty()).unwrap();
+        let dst = b.pd.register_zeroed(8, Access::LOCAL_WRITE).unwrap();
+        b.qp.post_recv(RecvWr {
+            wr_id: id,
+            sges: vec![dst.sge(0, 8)],
+        })
+        .unwrap();
+        a.qp.post_send(SendWr::new(id, SendOp::Send, vec![src.sge(0, 8)]))
+            .unwrap();
+        let mut wc = [Completion::EMPTY];
+        assert_eq!(a.cq.wait(&mut wc, Duration::from_secs(5)), 1);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !b.cq.overflowed() {
+            assert!(std::time::Instant::now() < deadline, "no overflow");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }

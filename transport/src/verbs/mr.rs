@@ -45,6 +45,45 @@ impl ProtectionDomain {
                 .register_zeroed(self.inner.pd, len, iova, access)?;
         Ok(MemoryRegion::new(self.clone(), key, iova, len, access))
     }
+
+    /// Registers the caller's memory `ptr .. ptr + len` **in place** at `iova`, as a NIC
+    /// does for `ibv_reg_mr` (`ibv_reg_mr_iova2`): peers and local work requests address
+    /// it as `iova ..= iova + len - 1` ([`MemoryRegion::addr`] is `iova`; 0 with
+    /// [`Access::ZERO_BASED`]). The region never frees the memory; dropping it deregisters
+    /// the keys, waiting for any access in progress.
+    ///
+    /// # Safety
+    /// From this call until the returned [`MemoryRegion`] is dropped, `ptr .. ptr + len`
+    /// must stay valid for reads and writes (not freed, not unmapped). The engine reads and
+    /// writes it concurrently with the caller, like a NIC's DMA: every access on rocectl's
+    /// side is a relaxed atomic, so the caller's own plain accesses race only in the sense
+    /// that DMA races (ordering comes from completions); see
+    /// [`roce_mr::MrTable::register_raw`].
+    ///
+    /// # Errors
+    /// [`VerbsError::Register`]: a null `ptr` with a non-zero `len`, inconsistent access
+    /// flags (REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE, unknown bits), ZERO_BASED
+    /// with a non-zero `iova`, `iova + len` overflowing, a full key table.
+    #[allow(unsafe_code)]
+    pub unsafe fn register_raw(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MemoryRegion, VerbsError> {
+        // SAFETY: forwarded to our caller's contract, which is `MrTable::register_raw`'s:
+        // the memory stays valid until the region (and so the key) is dropped, and the table
+        // touches it only through relaxed atomics.
+        let key = unsafe {
+            self.inner
+                .dev
+                .shared()
+                .table
+                .register_raw(self.inner.pd, ptr, len, iova, access)
+        }?;
+        Ok(MemoryRegion::new(self.clone(), key, iova, len, access))
+    }
 }
 
 /// A registered memory region (`ibv_mr`): its own translation from IOVA to memory, with an
@@ -141,5 +180,74 @@ impl MemoryRegion {
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         let _ = self.pd.inner.dev.shared().table.deregister(self.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::pd::testing::rc_pair;
+    use crate::{Access, Completion, SendOp, SendWr, SimNetwork, WcStatus};
+
+    /// Posts an RDMA WRITE of `src` from `a` to `remote_addr`/`rkey`; returns its status.
+    fn write(
+        a: &super::super::pd::testing::Side,
+        src: &super::MemoryRegion,
+        remote_addr: u64,
+        rkey: roce_wire::RKey,
+    ) -> WcStatus {
+        let op = SendOp::RdmaWrite { remote_addr, rkey };
+        a.qp.post_send(SendWr::new(7, op, vec![src.sge(0, src.len())]))
+            .unwrap();
+        let mut wc = [Completion::EMPTY];
+        assert_eq!(a.cq.wait(&mut wc, Duration::from_secs(5)), 1);
+        wc[0].status
+    }
+
+    #[test]
+    #[allow(unsafe_code)]
+    fn raw_registration_is_written_in_place_until_dropped() {
+        let net = SimNetwork::perfect();
+        let (a, b) = rc_pair(&net, 1);
+        let mut buf = vec![0u8; 64];
+        let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        // SAFETY: `buf` outlives `dst` (dropped below, before `buf` is read or freed).
+        let dst = unsafe { b.pd.register_raw(buf.as_mut_ptr(), 64, 0x5555_0000, rights) }.unwrap();
+        assert_eq!(dst.addr(), 0x5555_0000);
+        assert_eq!(dst.len(), 64);
+        let src = a.pd.register(vec![0xAB; 16], Access::empty()).unwrap();
+        assert_eq!(write(&a, &src, 0x5555_0008, dst.rkey()), WcStatus::Success);
+        // The peer's write landed in the caller's own buffer.
+        let rkey = dst.rkey();
+        drop(dst);
+        assert_eq!(&buf[8..24], &[0xAB; 16]);
+        assert!(buf[..8].iter().chain(&buf[24..]).all(|&x| x == 0));
+        // Dropping the region removed its key: the same write is refused.
+        assert_eq!(write(&a, &src, 0x5555_0008, rkey), WcStatus::RemAccessErr);
+        assert_eq!(&buf[8..24], &[0xAB; 16]);
+    }
+
+    #[test]
+    #[allow(unsafe_code)]
+    fn raw_registration_checks_access_and_zero_based_iova() {
+        let net = SimNetwork::perfect();
+        let (a, b) = rc_pair(&net, 2);
+        let mut buf = vec![0u64; 4];
+        let ptr = buf.as_mut_ptr().cast::<u8>();
+        // SAFETY: `buf` outlives every region made here (refused ones make none).
+        let bad = unsafe { b.pd.register_raw(ptr, 32, 0x1000, Access::REMOTE_WRITE) };
+        assert!(matches!(bad, Err(crate::VerbsError::Register(_))));
+        let zb = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::ZERO_BASED;
+        // SAFETY: as above.
+        let bad = unsafe { b.pd.register_raw(ptr, 32, 0x1000, zb) };
+        assert!(matches!(bad, Err(crate::VerbsError::Register(_))));
+        // SAFETY: as above; `dst` is dropped before `buf` is read.
+        let dst = unsafe { b.pd.register_raw(ptr, 32, 0, zb) }.unwrap();
+        assert_eq!(dst.addr(), 0);
+        let src = a.pd.register(vec![0x11; 8], Access::empty()).unwrap();
+        assert_eq!(write(&a, &src, 8, dst.rkey()), WcStatus::Success);
+        drop(dst);
+        assert_eq!(buf, [0, 0x1111_1111_1111_1111, 0, 0]);
     }
 }

@@ -463,7 +463,7 @@ fn argv_what(argv: &[String]) -> String {
 }
 
 /// A command line as the README shows it: paths inside the workspace made relative, the
-/// namespace named.
+/// namespace's side named (`[ns a] ...`: servers run in namespace a, clients in b).
 pub fn show_command(paths: &DropinPaths, node: &Node, argv: &[String]) -> String {
     let ws = paths.workspace.display().to_string();
     let line = argv
@@ -479,7 +479,16 @@ pub fn show_command(paths: &DropinPaths, node: &Node, argv: &[String]) -> String
         })
         .collect::<Vec<_>>()
         .join(" ");
-    format!("[{}] {line}", node.netns.name())
+    format!("[{}] {line}", side_label(node.netns.name()))
+}
+
+/// `roce-dropin-4242-0-a` → `ns a` (the test kit's pair names end in the side; the pid and
+/// counter in the middle change from run to run and would only make the README's diff noisy).
+fn side_label(ns: &str) -> String {
+    match ns.rsplit_once('-') {
+        Some((_, side)) if side.len() == 1 => format!("ns {side}"),
+        _ => ns.to_owned(),
+    }
 }
 
 /// The index of the GID `::ffff:<ipv4>` in `ibv_devinfo -v` / `rocectl devinfo -v` output
@@ -622,17 +631,31 @@ pub fn check_perftest(out: &str) -> Result<String, String> {
     })
 }
 
-/// The last line of `o` worth quoting (stderr first, where the tools complain).
+/// What `o` said that is worth quoting in one line: its error lines (standard error, where the
+/// tools complain; standard output when that is empty), the first and the last when there are
+/// several (`Couldn't allocate PD … Couldn't create IB resources`), without perftest's banners.
 pub fn last_words(o: &Output) -> String {
-    let pick = |s: &str| {
+    let meaningful = |s: &str| -> Vec<String> {
         s.lines()
             .map(str::trim)
-            .rfind(|l| !l.is_empty() && !l.chars().all(|c| c == '-' || c == '*'))
+            .filter(|l| {
+                !l.is_empty()
+                    && !l.chars().all(|c| c == '-' || c == '*')
+                    && !l.contains("Waiting for client to connect")
+            })
             .map(str::to_owned)
+            .collect()
     };
-    pick(&o.stderr)
-        .or_else(|| pick(&o.stdout))
-        .unwrap_or_else(|| "no output".to_owned())
+    let mut lines = meaningful(&o.stderr);
+    if lines.is_empty() {
+        lines = meaningful(&o.stdout);
+    }
+    match lines.as_slice() {
+        [] => "no output".to_owned(),
+        [one] => one.clone(),
+        [first, .., last] if first == last => first.clone(),
+        [first, .., last] => format!("{first} … {last}"),
+    }
 }
 
 /// One case to run: a variant, who serves and who connects.
@@ -1127,7 +1150,10 @@ pub fn render_section(report: &StockReport) -> String {
                 c.figure.as_deref().map_or("-".to_owned(), md_cell)
             );
         }
-        let _ = writeln!(s, "\nCommands (`[namespace] command`):\n");
+        let _ = writeln!(
+            s,
+            "\nCommands (`[ns a]`: the server's namespace, `[ns b]`: the client's):\n"
+        );
         for c in &p.checks {
             let _ = writeln!(s, "- `{}`: `{}`", c.name, c.cmd);
         }
@@ -1262,7 +1288,7 @@ mod tests {
             rocectl: PathBuf::from("/ws/target/release/rocectl"),
         };
         let node = Node {
-            netns: Netns::named("ns-a"),
+            netns: Netns::named("roce-dropin-4242-0-a"),
             ifname: "veth-a".to_owned(),
             ipv4: Ipv4Addr::new(10, 1, 2, 1),
             stock_gid: Some(1),
@@ -1279,7 +1305,7 @@ mod tests {
         );
         assert_eq!(
             show_command(&paths, &node, &stock),
-            "[ns-a] LD_LIBRARY_PATH=target/release/rocectl-verbs ib_send_bw -d rocectl_veth-a \
+            "[ns a] LD_LIBRARY_PATH=target/release/rocectl-verbs ib_send_bw -d rocectl_veth-a \
              -x 1 -p 18600 -n 100 -c UD -F 10.1.2.2"
         );
         let ours = node.argv(
@@ -1291,8 +1317,27 @@ mod tests {
         );
         assert_eq!(
             show_command(&paths, &node, &ours),
-            "[ns-a] target/release/rocectl send-bw -d veth-a -x 1 -p 18600 -n 100 -c UD -F"
+            "[ns a] target/release/rocectl send-bw -d veth-a -x 1 -p 18600 -n 100 -c UD -F"
         );
+    }
+
+    #[test]
+    fn quotes_the_first_and_last_error_lines() {
+        let o = Output {
+            code: Some(1),
+            stdout: "\n****\n* Waiting for client to connect... *\n****\n".to_owned(),
+            stderr: "Couldn't allocate PD\n Couldn't create IB resources\n".to_owned(),
+            ..Output::default()
+        };
+        assert_eq!(
+            last_words(&o),
+            "Couldn't allocate PD … Couldn't create IB resources"
+        );
+        let quiet = Output {
+            stdout: "****\n* Waiting for client to connect... *\n".to_owned(),
+            ..Output::default()
+        };
+        assert_eq!(last_words(&quiet), "no output");
     }
 
     #[test]

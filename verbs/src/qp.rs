@@ -1454,6 +1454,17 @@ mod tests {
             assert!(ctx.qps.lock().unwrap().get(&qpn).is_none());
         }
 
+        // The QP holds its PD and CQ until it is destroyed.
+        let qp = a.qp(QPT_RC);
+        // SAFETY: the harness's PD and CQ, a live QP.
+        unsafe {
+            assert_eq!(crate::pd::ibv_dealloc_pd(a.pd), libc::EBUSY);
+            assert_eq!(crate::cq::ibv_destroy_cq(a.cq), libc::EBUSY);
+            assert_eq!(ibv_destroy_qp(qp), 0);
+            let spare = crate::pd::ibv_alloc_pd(a.ctx);
+            assert_eq!(crate::pd::ibv_dealloc_pd(spare), 0);
+        }
+
         let mut big = a.init_attr(QPT_RC);
         big.cap.max_send_wr = 1 << 20;
         // SAFETY: as above.

@@ -829,7 +829,7 @@ unsafe fn post_chain(rec: &QpRec, wr: *mut ibv_send_wr, failed: &mut *mut ibv_se
     if first.next.is_null() {
         // SAFETY: per the contract.
         let r = unsafe { send_wr(rec, first) }.and_then(|w| {
-            rec.qp.post_send(w).map_err(|e| {
+            rec.qp.post_send_coalesced(w).map_err(|e| {
                 trace(format_args!("ibv_post_send: {e}"));
                 errno_of_post(&e)
             })
@@ -1394,6 +1394,39 @@ mod tests {
         assert_eq!(r, libc::EINVAL);
         assert_eq!(bad, ptr::from_mut(&mut third));
         assert_eq!(a.poll(1)[0].wr_id, 3);
+    }
+
+    /// Single posts while earlier requests are outstanding leave the sending to the engine
+    /// thread (`post_send_coalesced`); every one still goes out and completes without the
+    /// application polling in between.
+    #[test]
+    fn back_to_back_single_posts_all_complete() {
+        let (a, b, qa, _qb) = connected(QPT_RC);
+        let src = a.mr(64 * 64, 0);
+        let dst = b.mr(64 * 64, 0);
+        for i in 0..64u8 {
+            src.write(usize::from(i) * 64, &[i; 64]).unwrap();
+        }
+        for i in 0..64u64 {
+            let off = i as usize * 64;
+            let mut sg = [ibv_sge_of(src.sge(off, 64))];
+            let mut w = wr(i, WR_RDMA_WRITE, &mut sg);
+            w.wr = rdma(dst.addr() + off as u64, dst.rkey().value());
+            assert_eq!(post(qa, &mut w).0, 0);
+        }
+        // Nobody polls: the engine thread alone must send every WR.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while dst.to_vec() != src.to_vec() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(dst.to_vec(), src.to_vec());
+        let c = a.poll(64);
+        assert_eq!(c.len(), 64);
+        assert!(c.iter().all(|c| c.status == WcStatus::Success));
+        assert_eq!(
+            c.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+            (0..64).collect::<Vec<_>>()
+        );
     }
 
     #[test]

@@ -10,6 +10,9 @@
 //!   and ARP/neighbour resolution; needs `CAP_NET_RAW`;
 //! - [`sim`]: in-memory links with seeded loss, duplication, reordering and corruption.
 //!
+//! [`demux`] lets several processes share one `udp` address: the kernel steers each datagram
+//! to the process that owns its destination QPN.
+//!
 //! Middleware wraps any backend: [`fault::FaultInjector`] applies the stack's one fault model
 //! (seeded loss, burst loss, duplication, reordering, corruption, delay) to what it sends.
 //!
@@ -39,6 +42,7 @@ use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
+pub mod demux;
 pub mod fault;
 pub(crate) mod open;
 pub mod raw;

@@ -8,6 +8,7 @@ use roce_qp::verbs::Mtu;
 
 use crate::capture::CaptureFile;
 use crate::clock::Clock;
+use crate::datapath::demux::Demux;
 use crate::datapath::sim::SimNetwork;
 use crate::datapath::Datapath;
 
@@ -79,6 +80,10 @@ pub struct DeviceConfig {
     /// system clock otherwise. With a [`crate::clock::VirtualClock`] and
     /// [`Progress::Manual`], a scenario on the `sim` backend replays exactly from its seeds.
     pub clock: Option<Arc<dyn Clock>>,
+    /// Kernel demux (`udp` backend only): share the address with other processes, each
+    /// receiving the datagrams of its own QPN range (see [`crate::datapath::demux`]). `None`
+    /// (the default): this device holds the address alone.
+    pub demux: Option<Demux>,
 }
 
 impl DeviceConfig {
@@ -94,6 +99,7 @@ impl DeviceConfig {
             seed: None,
             max_mr: 1 << 16,
             clock: None,
+            demux: None,
         }
     }
 
@@ -146,6 +152,13 @@ impl DeviceConfig {
     /// Sets the clock.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
+        self
+    }
+
+    /// Shares the address through kernel demux: the `udp` backend joins `demux`'s group at
+    /// its slot and QPNs are drawn from the slot's range only.
+    pub fn demux(mut self, demux: Demux) -> Self {
+        self.demux = Some(demux);
         self
     }
 

@@ -116,7 +116,7 @@ impl Device {
             (None, Backend::Sim { net, .. }) => net.clock().clone(),
             (None, _) => clock::system(),
         };
-        let dp = open_backend(config.backend)?;
+        let dp = open_backend(config.backend, config.demux.as_ref())?;
         let caps = dp.caps();
         let local = dp.local_addr();
         let max_mtu = Mtu::for_netdev_mtu(caps.ip_mtu.min(4096 + 80)).ok_or(
@@ -170,6 +170,9 @@ impl Device {
         };
         let fd = engine.datapath().readiness_fd();
         let mut ids = Ids::new(config.seed).map_err(OpenError::Io)?;
+        if let Some(d) = &config.demux {
+            ids.restrict(d.qpn_range());
+        }
         let table_seed = ids.next_u64();
         let shared = Arc::new(DeviceShared {
             name: config.name,
@@ -386,7 +389,16 @@ fn open_capture(path: &std::path::Path, dev: &str) -> Result<CaptureFile, OpenEr
     })
 }
 
-fn open_backend(backend: Backend) -> Result<Box<dyn Datapath>, OpenError> {
+fn open_backend(
+    backend: Backend,
+    demux: Option<&crate::datapath::demux::Demux>,
+) -> Result<Box<dyn Datapath>, OpenError> {
+    if let Some(d) = demux {
+        return match backend {
+            Backend::Udp { local, port } => crate::datapath::open::udp_demux(local, port, d),
+            _ => Err(OpenError::Unsupported("kernel demux needs the udp backend")),
+        };
+    }
     match backend {
         Backend::Sim { net, local } => Ok(Box::new(net.open(local).map_err(|e| {
             OpenError::AddrInUse {

@@ -1,0 +1,452 @@
+//! Kernel demux by destination QPN (`datapath::demux`): several members share one `IP:4791`
+//! and each receives exactly the datagrams of its own QPN range.
+//!
+//! - `loopback_members_get_only_their_slots`: three `udp` datapaths on 127.0.0.1:4791 in one
+//!   group; datagrams to each slot reach only its member, a slot nobody holds is dropped, and a
+//!   member's GSO batch that mixes destination QPNs is still steered datagram by datagram.
+//! - `two_demux_devices_share_one_address_over_veth`: two devices on the same veth address,
+//!   each running RC (SEND, WRITE, WRITE_WITH_IMM, READ, atomics, data checked) and UD against
+//!   one device on the peer address, at once; neither ever sees the other's traffic
+//!   (`rx_drop_no_qp` stays 0), QPNs stay in each slot's range, and datagrams to a QPN in no
+//!   member's range are delivered to nobody.
+//! - `closing_one_member_leaves_the_other_undisturbed`: one member closes (its peer keeps
+//!   retrying into the empty slot) while the other is mid-transfer; the transfer completes with
+//!   its data checked and sees none of the dead member's traffic.
+//! - `another_users_group_is_refused_clearly`: the kernel refuses to let another uid's socket
+//!   share the address; the error says so.
+//!
+//! Needs root (`CAP_BPF`, network namespaces); skips loudly otherwise (panics under `CI`).
+
+use std::io::IoSliceMut;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use roce_testkit::netns::{netns_or_skip, NetnsPair, Side, TempNetns};
+use roce_testkit::{require_root, skip};
+use roce_transport::datapath::demux::{Demux, DemuxError, DemuxGroup, SlotLayout};
+use roce_transport::datapath::udp::{UdpDatapath, UdpOptions};
+use roce_transport::datapath::{Datapath, RxMeta, TxDatagram};
+use roce_transport::selftest::{run_rc, run_ud, SelftestOptions};
+use roce_transport::{
+    Access, Completion, ConnectOptions, Device, DeviceConfig, OpenError, QpInit, QpType, RemoteQp,
+    SendOp, SendWr, WcStatus,
+};
+
+/// Creates a group, or says why the test cannot run (no privilege): `None` then.
+fn group_or_skip(test: &str) -> Option<DemuxGroup> {
+    if !require_root(test, "loading the BPF steering program needs CAP_BPF") {
+        return None;
+    }
+    match DemuxGroup::create(SlotLayout::DEFAULT) {
+        Ok(g) => Some(g),
+        Err(e @ DemuxError::NoPrivilege { .. }) => {
+            skip(test, e);
+            None
+        }
+        Err(e) => panic!("create the demux group: {e}"),
+    }
+}
+
+/// A 16-byte datagram (BTH + 4 bytes in place of the ICRC) to `qpn`, tagged with `tag`.
+fn datagram(qpn: u32, tag: u8) -> [u8; 16] {
+    let mut d = [0u8; 16];
+    d[0] = 0x04; // RC SEND_ONLY
+    d[1] = 0x40;
+    d[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+    d[12] = tag;
+    d
+}
+
+/// Everything `dp` has received within `wait`: the destination QPN of each datagram.
+fn drain(dp: &mut UdpDatapath, wait: Duration) -> Vec<u32> {
+    std::thread::sleep(wait);
+    let mut got = Vec::new();
+    let mut bufs = vec![vec![0u8; 2048]; 16];
+    let mut meta = [RxMeta::empty(); 16];
+    loop {
+        let mut io: Vec<IoSliceMut<'_>> = bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+        match dp.recv(&mut io, &mut meta) {
+            Ok(0) => break,
+            Ok(n) => {
+                for (m, b) in meta[..n].iter().zip(&bufs) {
+                    assert_eq!(m.stride, m.len, "no GRO in demux mode");
+                    got.push(u32::from_be_bytes([0, b[5], b[6], b[7]]));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("recv: {e}"),
+        }
+    }
+    got
+}
+
+#[test]
+fn loopback_members_get_only_their_slots() {
+    let test = "loopback_members_get_only_their_slots";
+    if !netns_or_skip(test) {
+        return;
+    }
+    let Some(group) = group_or_skip(test) else {
+        return;
+    };
+    let layout = group.layout();
+    let ns = TempNetns::create("demux-lo").expect("namespace");
+    let addr: SocketAddr = "127.0.0.1:4791".parse().unwrap();
+    let member = |slot: u32| {
+        let d = Demux::new(group.try_clone().unwrap(), slot).unwrap();
+        UdpDatapath::bind_demux(addr, UdpOptions::default(), &d)
+            .unwrap_or_else(|e| panic!("join slot {slot}: {e}"))
+    };
+    let (mut m1, mut m2, mut m5) = ns
+        .netns()
+        .enter_scoped(|| (member(1), member(2), member(5)))
+        .unwrap();
+    for m in [&m1, &m2, &m5] {
+        assert_eq!(m.caps().gro_segments, 1, "GRO stays off in demux mode");
+        assert!(!m.raw_receive());
+        assert_eq!(m.local_addr(), addr);
+    }
+    assert_eq!(m1.demux_slot(), Some(1));
+    assert!(group.occupant(1).unwrap().is_some());
+    assert!(group.occupant(3).unwrap().is_none());
+    // A slot is held by one socket only.
+    let again = ns
+        .netns()
+        .enter_scoped(|| {
+            let d = Demux::new(group.try_clone().unwrap(), 2).unwrap();
+            UdpDatapath::bind_demux(addr, UdpOptions::default(), &d)
+        })
+        .unwrap();
+    let err = again.expect_err("a second member in slot 2");
+    assert!(err.to_string().contains("slot 2 is already taken"), "{err}");
+
+    let q = |slot: u32, low: u32| layout.range(slot).unwrap().start() + low;
+    // From a plain socket: 3 slots held, one (3) not, and slot 0 (QP1) not held either.
+    let tx = ns
+        .netns()
+        .enter_scoped(|| UdpSocket::bind("127.0.0.2:0").unwrap())
+        .unwrap();
+    let mut sent = [0usize; 4];
+    for k in 0..40u32 {
+        for (i, slot) in [1u32, 2, 5, 3].into_iter().enumerate() {
+            tx.send_to(&datagram(q(slot, k), 0), addr).unwrap();
+            sent[i] += 1;
+        }
+        tx.send_to(&datagram(1, 0), addr).unwrap();
+    }
+    let wait = Duration::from_millis(50);
+    for (m, slot, n) in [
+        (&mut m1, 1, sent[0]),
+        (&mut m2, 2, sent[1]),
+        (&mut m5, 5, sent[2]),
+    ] {
+        let got = drain(m, wait);
+        assert_eq!(got.len(), n, "slot {slot} got {got:x?}");
+        assert!(got.iter().all(|&x| layout.slot_of(x) == slot), "{got:x?}");
+    }
+
+    // A member's GSO batch over loopback mixing destination QPNs: runs are cut per QPN, so
+    // every datagram reaches its owner (and one to the empty slot 3 reaches nobody).
+    let order: [u32; 12] = [1, 1, 1, 2, 2, 1, 2, 2, 2, 3, 1, 1];
+    let mut arena = Vec::new();
+    for (k, &slot) in order.iter().enumerate() {
+        arena.extend_from_slice(&datagram(q(slot, 7), k as u8));
+    }
+    let batch: Vec<TxDatagram<'_>> = arena
+        .chunks(16)
+        .map(|p| TxDatagram {
+            dst: addr,
+            src_port: 4791,
+            tos: 0,
+            hop_limit: 64,
+            flow_label: 0,
+            payload: p,
+        })
+        .collect();
+    assert_eq!(m5.send(&batch).unwrap(), order.len());
+    let stats = m5.stats();
+    assert!(
+        stats.gso_messages >= 3,
+        "runs of one QPN still coalesce: {stats:?}"
+    );
+    let c = |slot| order.iter().filter(|&&s| s == slot).count();
+    let (g1, g2) = (drain(&mut m1, wait), drain(&mut m2, wait));
+    assert_eq!(g1, vec![q(1, 7); c(1)], "slot 1");
+    assert_eq!(g2, vec![q(2, 7); c(2)], "slot 2");
+    assert!(drain(&mut m5, Duration::ZERO).is_empty());
+
+    // A member that closes leaves its slot empty: its datagrams are dropped, not spread.
+    drop(m2);
+    assert!(group.occupant(2).unwrap().is_none());
+    for k in 0..20 {
+        tx.send_to(&datagram(q(2, k), 0), addr).unwrap();
+        tx.send_to(&datagram(q(1, k), 0), addr).unwrap();
+    }
+    assert_eq!(drain(&mut m1, wait).len(), 20);
+    assert!(drain(&mut m5, Duration::ZERO).is_empty());
+}
+
+fn open_member(pair: &NetnsPair, group: &DemuxGroup, slot: u32) -> Device {
+    let end = pair.end(Side::A);
+    let ip: IpAddr = end.ipv4().into();
+    let demux = Demux::new(group.try_clone().unwrap(), slot).unwrap();
+    let cfg = DeviceConfig::udp(ip)
+        .name(format!("member{slot}"))
+        .demux(demux);
+    end.netns()
+        .enter_scoped(|| Device::open(cfg))
+        .expect("enter namespace")
+        .unwrap_or_else(|e| panic!("open member {slot} on {ip}: {e}"))
+}
+
+fn open_peer(pair: &NetnsPair) -> Device {
+    let end = pair.end(Side::B);
+    let cfg = DeviceConfig::udp(end.ipv4().into()).name("peer");
+    end.netns()
+        .enter_scoped(|| Device::open(cfg))
+        .expect("enter namespace")
+        .unwrap_or_else(|e| panic!("open peer: {e}"))
+}
+
+/// Waits until `dev`'s received-packet count stops moving; returns it.
+fn settled_rx(devs: &[&Device]) -> Vec<u64> {
+    let read = || -> Vec<u64> {
+        devs.iter()
+            .map(|d| d.device_counters().rx_packets)
+            .collect()
+    };
+    let mut last = read();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = read();
+        if now == last || Instant::now() > deadline {
+            return now;
+        }
+        last = now;
+    }
+}
+
+#[test]
+fn two_demux_devices_share_one_address_over_veth() {
+    let test = "two_demux_devices_share_one_address_over_veth";
+    if !netns_or_skip(test) {
+        return;
+    }
+    let Some(group) = group_or_skip(test) else {
+        return;
+    };
+    let layout = group.layout();
+    let pair = NetnsPair::create("demux-2").expect("namespaces");
+    let (m1, m2) = (open_member(&pair, &group, 1), open_member(&pair, &group, 2));
+    let peer = open_peer(&pair);
+    assert_eq!(m1.local_addr(), m2.local_addr());
+    // QPNs come from each member's range (random within it).
+    for (dev, slot) in [(&m1, 1), (&m2, 2)] {
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq(4).unwrap();
+        let qps: Vec<_> = (0..8)
+            .map(|_| pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap())
+            .collect();
+        for qp in &qps {
+            assert_eq!(
+                layout.slot_of(qp.qpn().value()),
+                slot,
+                "{:#x}",
+                qp.qpn().value()
+            );
+        }
+    }
+
+    let opts = SelftestOptions {
+        sizes: vec![0, 1, 4097, 65_536, 1 << 20],
+        iterations: 2,
+        ud_sizes: vec![0, 64, 1024],
+        timeout: Duration::from_secs(30),
+        ack_timeout: 10,
+    };
+    std::thread::scope(|s| {
+        let runs: Vec<_> = [&m1, &m2]
+            .into_iter()
+            .map(|m| {
+                let (opts, peer) = (&opts, &peer);
+                s.spawn(move || {
+                    run_rc(m, peer, opts, &mut |_| {})
+                        .unwrap_or_else(|e| panic!("{} RC: {e}", m.name()));
+                    run_rc(peer, m, opts, &mut |_| {})
+                        .unwrap_or_else(|e| panic!("{} RC (peer first): {e}", m.name()));
+                    run_ud(m, peer, opts, &mut |_| {})
+                        .unwrap_or_else(|e| panic!("{} UD: {e}", m.name()));
+                    run_ud(peer, m, opts, &mut |_| {})
+                        .unwrap_or_else(|e| panic!("{} UD (peer first): {e}", m.name()));
+                })
+            })
+            .collect();
+        for r in runs {
+            r.join().unwrap();
+        }
+    });
+    for m in [&m1, &m2] {
+        let c = m.device_counters();
+        assert_eq!(
+            c.rx_drop_no_qp,
+            0,
+            "{}: the other's traffic: {c:?}",
+            m.name()
+        );
+        assert_eq!(c.rx_icrc_errors, 0, "{}: {c:?}", m.name());
+        assert!(c.rx_delivered > 100, "{}: {c:?}", m.name());
+    }
+
+    // Datagrams to a slot nobody holds reach nobody; to a member's slot, that member only.
+    let before = settled_rx(&[&m1, &m2]);
+    let dst = m1.local_addr();
+    let tx = pair
+        .b()
+        .netns()
+        .enter_scoped(|| UdpSocket::bind(SocketAddr::new(pair.b().ipv4().into(), 0)).unwrap())
+        .unwrap();
+    let q = |slot: u32, low: u32| layout.range(slot).unwrap().start() + low;
+    for k in 0..50 {
+        tx.send_to(&datagram(q(3, k), 0), dst).unwrap();
+        tx.send_to(&datagram(q(200, k), 0), dst).unwrap();
+        if k < 20 {
+            tx.send_to(&datagram(q(1, 0xFFF0), 0), dst).unwrap();
+        }
+    }
+    let after = settled_rx(&[&m1, &m2]);
+    assert_eq!(after[0], before[0] + 20, "member 1 gets its 20 only");
+    assert_eq!(after[1], before[1], "member 2 gets nothing");
+    assert_eq!(m2.device_counters().rx_drop_no_qp, 0);
+}
+
+#[test]
+fn closing_one_member_leaves_the_other_undisturbed() {
+    let test = "closing_one_member_leaves_the_other_undisturbed";
+    if !netns_or_skip(test) {
+        return;
+    }
+    let Some(group) = group_or_skip(test) else {
+        return;
+    };
+    let pair = NetnsPair::create("demux-close").expect("namespaces");
+    let m1 = open_member(&pair, &group, 1);
+    let m2 = open_member(&pair, &group, 2);
+    let peer = open_peer(&pair);
+
+    // An RC connection peer <-> member 1 that works, then member 1 goes away.
+    let (pd1, pdp) = (m1.alloc_pd(), peer.alloc_pd());
+    let (cq1, cqp) = (m1.create_cq(16).unwrap(), peer.create_cq(16).unwrap());
+    let q1 = pd1.create_qp(&QpInit::new(QpType::Rc, &cq1)).unwrap();
+    let qp = pdp.create_qp(&QpInit::new(QpType::Rc, &cqp)).unwrap();
+    let o = ConnectOptions {
+        timeout: 8, // ~1 ms
+        retry_cnt: 7,
+        ..ConnectOptions::default()
+    };
+    let remote = |qpn, gid| RemoteQp {
+        qpn,
+        psn: o.local_psn,
+        gid,
+    };
+    q1.connect(&remote(qp.qpn(), peer.local_gid()), &o).unwrap();
+    qp.connect(&remote(q1.qpn(), m1.local_gid()), &o).unwrap();
+    let dst = pd1
+        .register(vec![0u8; 4096], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let src = pdp.register(vec![0x5A; 4096], Access::LOCAL_WRITE).unwrap();
+    let (dst_addr, dst_rkey) = (dst.addr(), dst.rkey());
+    let write = |id| {
+        let op = SendOp::RdmaWrite {
+            remote_addr: dst_addr,
+            rkey: dst_rkey,
+        };
+        qp.post_send(SendWr::new(id, op, vec![src.sge(0, 4096)]))
+            .unwrap();
+    };
+    write(1);
+    let mut wc = [Completion::EMPTY; 1];
+    assert_eq!(cqp.wait(&mut wc, Duration::from_secs(5)), 1);
+    assert_eq!(wc[0].status, WcStatus::Success);
+    assert_eq!(dst.to_vec(), vec![0x5A; 4096]);
+
+    let opts = SelftestOptions {
+        sizes: vec![1 << 20],
+        iterations: 6,
+        ud_sizes: vec![],
+        timeout: Duration::from_secs(30),
+        ack_timeout: 10,
+    };
+    let started = Arc::new(AtomicBool::new(false));
+    std::thread::scope(|s| {
+        let (m2, peer, opts, flag) = (&m2, &peer, &opts, started.clone());
+        let run = s.spawn(move || {
+            flag.store(true, Ordering::SeqCst);
+            run_rc(m2, peer, opts, &mut |_| {})
+        });
+        while !started.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        // Member 1 closes mid-transfer; its slot empties.
+        drop((q1, cq1, dst, pd1, m1));
+        assert!(group.occupant(1).unwrap().is_none(), "slot 1 emptied");
+        assert!(group.occupant(2).unwrap().is_some());
+        // Its peer keeps sending into the empty slot until its retries run out.
+        write(2);
+        assert_eq!(cqp.wait(&mut wc, Duration::from_secs(10)), 1);
+        assert_eq!(wc[0].status, WcStatus::RetryExcErr);
+        run.join()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("member 2's transfer: {e}"));
+    });
+    let c = m2.device_counters();
+    assert_eq!(c.rx_drop_no_qp, 0, "member 2 saw member 1's traffic: {c:?}");
+    assert_eq!(c.rx_icrc_errors, 0, "{c:?}");
+}
+
+#[test]
+fn another_users_group_is_refused_clearly() {
+    let test = "another_users_group_is_refused_clearly";
+    if !netns_or_skip(test) {
+        return;
+    }
+    let Some(group) = group_or_skip(test) else {
+        return;
+    };
+    let ns = TempNetns::create("demux-uid").expect("namespace");
+    let addr: SocketAddr = "127.0.0.1:4791".parse().unwrap();
+    let (other, result) = ns
+        .netns()
+        .enter_scoped(|| {
+            // A socket owned by uid 65534 (the owner is the creating thread's fsuid) takes
+            // the address with SO_REUSEPORT, as another user's member would.
+            #[allow(unsafe_code)]
+            // SAFETY: setfsuid changes only this thread's filesystem uid (no glibc broadcast);
+            // it is set back before anything else runs on the thread.
+            let old = unsafe { libc::setfsuid(65534) };
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None);
+            #[allow(unsafe_code)]
+            // SAFETY: as above.
+            unsafe {
+                libc::setfsuid(old as libc::uid_t);
+            }
+            let s = s.unwrap();
+            s.set_reuse_port(true).unwrap();
+            s.bind(&addr.into()).unwrap();
+            let d = Demux::new(group.try_clone().unwrap(), 1).unwrap();
+            let cfg = DeviceConfig::udp(addr.ip()).demux(d);
+            (s, Device::open(cfg).map(|_| ()))
+        })
+        .unwrap();
+    let err = result.expect_err("a group of uid 65534 must refuse us");
+    let text = err.to_string();
+    assert!(matches!(err, OpenError::Backend { .. }), "{err:?}");
+    assert!(
+        text.contains("belong to uid 65534") && text.contains("one user"),
+        "{text}"
+    );
+    drop(other);
+}

@@ -14,6 +14,9 @@
 //!   its data checked and sees none of the dead member's traffic.
 //! - `another_users_group_is_refused_clearly`: the kernel refuses to let another uid's socket
 //!   share the address; the error says so.
+//! - `ipv6_members_get_only_their_slots`: the same steering on `[::1]:4791`.
+//! - `a_pinned_group_outlives_its_creator`: the group pinned in a BPF filesystem comes back to
+//!   a restarted daemon; old and new members share the same map and are both steered.
 //!
 //! Needs root (`CAP_BPF`, network namespaces); skips loudly otherwise (panics under `CI`).
 
@@ -449,4 +452,141 @@ fn another_users_group_is_refused_clearly() {
         "{text}"
     );
     drop(other);
+}
+
+#[test]
+fn ipv6_members_get_only_their_slots() {
+    let test = "ipv6_members_get_only_their_slots";
+    if !netns_or_skip(test) {
+        return;
+    }
+    let Some(group) = group_or_skip(test) else {
+        return;
+    };
+    let layout = group.layout();
+    let ns = TempNetns::create("demux-v6").expect("namespace");
+    let addr: SocketAddr = "[::1]:4791".parse().unwrap();
+    let member = |slot: u32| {
+        let d = Demux::new(group.try_clone().unwrap(), slot).unwrap();
+        UdpDatapath::bind_demux(addr, UdpOptions::default(), &d)
+            .unwrap_or_else(|e| panic!("join slot {slot} on {addr}: {e}"))
+    };
+    let (mut m7, mut m9, tx) = ns
+        .netns()
+        .enter_scoped(|| (member(7), member(9), UdpSocket::bind("[::1]:0").unwrap()))
+        .unwrap();
+    let q = |slot: u32, low: u32| layout.range(slot).unwrap().start() + low;
+    for k in 0..30 {
+        for slot in [7, 9, 8] {
+            tx.send_to(&datagram(q(slot, k), 0), addr).unwrap();
+        }
+    }
+    let wait = Duration::from_millis(50);
+    for (m, slot) in [(&mut m7, 7), (&mut m9, 9)] {
+        let got = drain(m, wait);
+        assert_eq!(got.len(), 30, "slot {slot}: {got:x?}");
+        assert!(got.iter().all(|&x| layout.slot_of(x) == slot), "{got:x?}");
+    }
+}
+
+/// A BPF filesystem mounted on a temporary directory, unmounted on drop.
+struct BpfFs(std::path::PathBuf);
+
+impl BpfFs {
+    fn mount(tag: &str) -> std::io::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("roce-bpffs-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let c = |s: &str| std::ffi::CString::new(s).unwrap();
+        let target = c(dir.to_str().unwrap());
+        let (src, fs) = (c("bpf"), c("bpf"));
+        #[allow(unsafe_code)]
+        // SAFETY: NUL-terminated strings that live through the call; no mount data.
+        let r = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                fs.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for BpfFs {
+    fn drop(&mut self) {
+        let target = std::ffi::CString::new(self.0.to_str().unwrap()).unwrap();
+        #[allow(unsafe_code)]
+        // SAFETY: a NUL-terminated path that lives through the call.
+        unsafe {
+            libc::umount2(target.as_ptr(), libc::MNT_DETACH);
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A restarted daemon gets the same group back from the BPF filesystem: the member admitted
+/// before keeps its slot, the one admitted after joins the same map, and both are steered.
+#[test]
+fn a_pinned_group_outlives_its_creator() {
+    let test = "a_pinned_group_outlives_its_creator";
+    if !netns_or_skip(test) {
+        return;
+    }
+    let Some(group) = group_or_skip(test) else {
+        return;
+    };
+    let layout = group.layout();
+    let fs = match BpfFs::mount("pin") {
+        Ok(fs) => fs,
+        Err(e) => return skip(test, format!("cannot mount a BPF filesystem: {e}")),
+    };
+    group.pin(&fs.0).expect("pin");
+    let id = group.map_id().unwrap();
+    let ns = TempNetns::create("demux-pin").expect("namespace");
+    let addr: SocketAddr = "127.0.0.1:4791".parse().unwrap();
+    let join = |g: &DemuxGroup, slot: u32| {
+        let d = Demux::new(g.try_clone().unwrap(), slot).unwrap();
+        ns.netns()
+            .enter_scoped(|| UdpDatapath::bind_demux(addr, UdpOptions::default(), &d))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("join slot {slot}: {e}"))
+    };
+    let mut m1 = join(&group, 1);
+    drop(group); // the daemon exits
+    let again = DemuxGroup::open_pinned(&fs.0, layout).expect("open the pinned group");
+    assert_eq!(again.map_id().unwrap(), id);
+    assert!(
+        again.occupant(1).unwrap().is_some(),
+        "the old member's slot"
+    );
+    let mut m2 = join(&again, 2);
+    let wrong = DemuxGroup::open_pinned(&fs.0, SlotLayout::new(12).unwrap());
+    assert!(
+        matches!(wrong, Err(DemuxError::BadDescriptor { what: "map", .. })),
+        "{wrong:?}"
+    );
+    let tx = ns
+        .netns()
+        .enter_scoped(|| UdpSocket::bind("127.0.0.2:0").unwrap())
+        .unwrap();
+    let q = |slot: u32, low: u32| layout.range(slot).unwrap().start() + low;
+    for k in 0..25 {
+        tx.send_to(&datagram(q(1, k), 0), addr).unwrap();
+        tx.send_to(&datagram(q(2, k), 0), addr).unwrap();
+    }
+    let wait = Duration::from_millis(50);
+    let (g1, g2) = (drain(&mut m1, wait), drain(&mut m2, Duration::ZERO));
+    assert!(
+        g1.len() == 25 && g1.iter().all(|&x| layout.slot_of(x) == 1),
+        "{g1:x?}"
+    );
+    assert!(
+        g2.len() == 25 && g2.iter().all(|&x| layout.slot_of(x) == 2),
+        "{g2:x?}"
+    );
 }

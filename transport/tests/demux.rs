@@ -268,7 +268,7 @@ fn two_demux_devices_share_one_address_over_veth() {
         iterations: 2,
         ud_sizes: vec![0, 64, 1024],
         timeout: Duration::from_secs(30),
-        ack_timeout: 10,
+        ack_timeout: 12, // ~16 ms: no loss here, only a loaded machine
     };
     std::thread::scope(|s| {
         let runs: Vec<_> = [&m1, &m2]
@@ -288,7 +288,12 @@ fn two_demux_devices_share_one_address_over_veth() {
             })
             .collect();
         for r in runs {
-            r.join().unwrap();
+            if r.join().is_err() {
+                for d in [&m1, &m2, &peer] {
+                    eprintln!("{}: {:?}", d.name(), d.device_counters());
+                }
+                panic!("a run failed (above)");
+            }
         }
     });
     for m in [&m1, &m2] {
@@ -380,7 +385,7 @@ fn closing_one_member_leaves_the_other_undisturbed() {
         iterations: 6,
         ud_sizes: vec![],
         timeout: Duration::from_secs(30),
-        ack_timeout: 10,
+        ack_timeout: 12, // ~16 ms: no loss here, only a loaded machine
     };
     let started = Arc::new(AtomicBool::new(false));
     std::thread::scope(|s| {

@@ -14,6 +14,10 @@
 //!   its data checked and sees none of the dead member's traffic.
 //! - `another_users_group_is_refused_clearly`: the kernel refuses to let another uid's socket
 //!   share the address; the error says so.
+//! - `a_killed_member_process_leaves_the_other_undisturbed`: a member in another process (the
+//!   `demux_member` example, given the group's descriptors as a daemon client would be)
+//!   serves one-sided WRITE/READ, then is killed with SIGKILL mid-stream while the other
+//!   member is mid-transfer: its slot empties (time printed), the other completes.
 //! - `ipv6_members_get_only_their_slots`: the same steering on `[::1]:4791`.
 //! - `a_pinned_group_outlives_its_creator`: the group pinned in a BPF filesystem comes back to
 //!   a restarted daemon; old and new members share the same map and are both steered.
@@ -22,6 +26,7 @@
 
 use std::io::IoSliceMut;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -594,4 +599,223 @@ fn a_pinned_group_outlives_its_creator() {
         g2.len() == 25 && g2.iter().all(|&x| layout.slot_of(x) == 2),
         "{g2:x?}"
     );
+}
+
+/// The example `demux_member` next to this test binary (`cargo test` builds examples).
+fn member_binary() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let path = exe.parent()?.parent()?.join("examples/demux_member");
+    path.exists().then_some(path)
+}
+
+/// A descriptor without close-on-exec, for a child to inherit; closed on drop.
+struct Inherited(RawFd);
+
+impl Inherited {
+    fn dup(fd: std::os::fd::BorrowedFd<'_>) -> Self {
+        #[allow(unsafe_code)]
+        // SAFETY: dup of a live descriptor; the new one (no FD_CLOEXEC) is owned by Self.
+        let n = unsafe { libc::dup(fd.as_raw_fd()) };
+        assert!(n >= 0, "dup: {}", std::io::Error::last_os_error());
+        Self(n)
+    }
+}
+
+impl Drop for Inherited {
+    fn drop(&mut self) {
+        #[allow(unsafe_code)]
+        // SAFETY: closes the descriptor this value owns.
+        unsafe {
+            libc::close(self.0);
+        }
+    }
+}
+
+/// Kills the child if the test ends early.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A member in another process serves one-sided WRITE and READ (data checked), then is
+/// killed with SIGKILL while the peer writes into it and an in-process member is
+/// mid-transfer: the kernel empties its slot (time printed), the peer's writes into it fail
+/// with retries exhausted, and the other member's transfer completes with its data checked,
+/// having seen none of the dead member's traffic.
+#[test]
+fn a_killed_member_process_leaves_the_other_undisturbed() {
+    let test = "a_killed_member_process_leaves_the_other_undisturbed";
+    if !netns_or_skip(test) {
+        return;
+    }
+    let Some(group) = group_or_skip(test) else {
+        return;
+    };
+    let Some(bin) = member_binary() else {
+        return skip(
+            test,
+            "the demux_member example is not built (`cargo test` builds it; with --test, run \
+             `cargo build --release -p roce-transport --example demux_member` first)",
+        );
+    };
+    let pair = NetnsPair::create("demux-kill").expect("namespaces");
+    let m2 = open_member(&pair, &group, 2);
+    let peer = open_peer(&pair);
+    let (map, prog) = (
+        Inherited::dup(group.map_fd()),
+        Inherited::dup(group.prog_fd()),
+    );
+    let child = std::process::Command::new(bin)
+        .args([
+            pair.a().ns_name(),
+            &pair.a().ipv4().to_string(),
+            &pair.b().ipv4().to_string(),
+            "1",
+            &map.0.to_string(),
+            &prog.0.to_string(),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn demux_member");
+    drop((map, prog));
+    let mut child = KillOnDrop(child);
+    let mut out = std::io::BufReader::new(child.0.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let field = |name: &str| {
+        let v = line
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix(&format!("{name}=0x")))
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"));
+        u64::from_str_radix(v, 16).unwrap()
+    };
+    let (cqpn, caddr, crkey) = (field("qpn") as u32, field("addr"), field("rkey") as u32);
+    assert_eq!(group.layout().slot_of(cqpn), 1, "{line}");
+    assert!(group.occupant(1).unwrap().is_some());
+
+    let pdp = peer.alloc_pd();
+    let cqp = peer.create_cq(64).unwrap();
+    let qp = pdp.create_qp(&QpInit::new(QpType::Rc, &cqp)).unwrap();
+    let o = ConnectOptions {
+        timeout: 10, // ~4 ms
+        retry_cnt: 7,
+        ..ConnectOptions::default()
+    };
+    qp.connect(
+        &RemoteQp {
+            qpn: roce_transport::Qpn::new(cqpn),
+            psn: o.local_psn,
+            gid: m2.local_gid(),
+        },
+        &o,
+    )
+    .unwrap();
+    let stdin = child.0.stdin.as_mut().unwrap();
+    std::io::Write::write_all(stdin, format!("{:#x}\n", qp.qpn().value()).as_bytes()).unwrap();
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "connected");
+
+    // One-sided service by the other process: WRITE a pattern, READ it back.
+    let want = roce_transport::selftest::pattern(64 * 1024, 7);
+    let src = pdp.register(want.clone(), Access::LOCAL_WRITE).unwrap();
+    let back = pdp
+        .register(vec![0u8; 64 * 1024], Access::LOCAL_WRITE)
+        .unwrap();
+    let rkey = roce_transport::RKey::new(crkey);
+    let mut wc = [Completion::EMPTY; 1];
+    let post = |id, op| {
+        let sge = if id == 2 {
+            back.sge(0, 64 * 1024)
+        } else {
+            src.sge(0, 64 * 1024)
+        };
+        qp.post_send(SendWr::new(id, op, vec![sge])).unwrap();
+    };
+    post(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: caddr,
+            rkey,
+        },
+    );
+    assert_eq!(cqp.wait(&mut wc, Duration::from_secs(10)), 1);
+    assert_eq!(wc[0].status, WcStatus::Success, "{:?}", wc[0]);
+    post(
+        2,
+        SendOp::RdmaRead {
+            remote_addr: caddr,
+            rkey,
+        },
+    );
+    assert_eq!(cqp.wait(&mut wc, Duration::from_secs(10)), 1);
+    assert_eq!(wc[0].status, WcStatus::Success, "{:?}", wc[0]);
+    assert!(back.to_vec() == want, "READ back what was written");
+
+    let opts = SelftestOptions {
+        sizes: vec![1 << 20],
+        iterations: 6,
+        ud_sizes: vec![],
+        timeout: Duration::from_secs(30),
+        ack_timeout: 12,
+    };
+    std::thread::scope(|s| {
+        let (m2, peer, opts) = (&m2, &peer, &opts);
+        let run = s.spawn(move || run_rc(m2, peer, opts, &mut |_| {}));
+        std::thread::sleep(Duration::from_millis(100));
+        // WRITEs stream into the child while it is killed.
+        for id in 10..18 {
+            post(
+                id,
+                SendOp::RdmaWrite {
+                    remote_addr: caddr,
+                    rkey,
+                },
+            );
+        }
+        let killed = Instant::now();
+        #[allow(unsafe_code)]
+        // SAFETY: signals our own child, which has not been reaped (KillOnDrop waits later).
+        let r = unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGKILL) };
+        assert_eq!(r, 0);
+        while group.occupant(1).unwrap().is_some() {
+            assert!(
+                killed.elapsed() < Duration::from_secs(5),
+                "slot 1 never emptied"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        eprintln!(
+            "{test}: slot 1 emptied {:.1} ms after SIGKILL",
+            killed.elapsed().as_secs_f64() * 1e3
+        );
+        // The peer's QP to the dead member ends in retries exhausted (some WRITEs may have
+        // completed before the kill).
+        let mut last = WcStatus::Success;
+        let mut n = 0;
+        while n < 8 {
+            let got = cqp.wait(&mut wc, Duration::from_secs(10));
+            assert_eq!(got, 1, "peer completions after the kill");
+            n += 1;
+            last = wc[0].status;
+            if last != WcStatus::Success {
+                break;
+            }
+        }
+        assert_eq!(last, WcStatus::RetryExcErr, "{:?}", wc[0]);
+        run.join()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("member 2's transfer: {e}"));
+    });
+    let c = m2.device_counters();
+    assert_eq!(
+        c.rx_drop_no_qp, 0,
+        "member 2 saw the dead member's traffic: {c:?}"
+    );
+    assert_eq!(c.rx_icrc_errors, 0, "{c:?}");
 }

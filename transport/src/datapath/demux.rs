@@ -44,8 +44,8 @@
 //! # Isolation: one trust domain only
 //!
 //! The kernel lets only sockets of one user (the socket owner's uid) form a reuseport group:
-//! a process of another uid cannot join and gets a clear error ([`super::udp::UdpError::
-//! DemuxOtherUser`]). Within a group, a member can take others' datagrams: it can detach or
+//! a process of another uid cannot join and gets a clear error
+//! ([`super::udp::UdpError::DemuxOtherUser`]). Within a group, a member can take others' datagrams: it can detach or
 //! replace the group's program (`SO_DETACH_REUSEPORT_BPF`, `SO_ATTACH_REUSEPORT_CBPF`),
 //! `connect()` its socket to a peer, and with the map descriptor it can put its socket in any
 //! slot. So kernel demux is for the processes of one user (one job); hosts shared by several

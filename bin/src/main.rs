@@ -26,6 +26,7 @@ use oob::perftest::Tool;
 mod demo;
 mod device;
 mod devinfo;
+mod devns;
 mod exec;
 mod limits;
 mod oob;

@@ -149,6 +149,8 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
             }),
             ah,
         });
+        // The PD cannot be deallocated while the AH uses it (EBUSY).
+        pd_rec.hold();
         Ok(Box::into_raw(rec).cast::<ibv_ah>())
     })
 }
@@ -165,7 +167,12 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         }
         // SAFETY: per the contract, `ah` came from `Box::into_raw` in `ibv_create_ah`. A UD
         // send copies the address vector when it is posted, so nothing refers to it.
-        drop(unsafe { Box::from_raw(ah.cast::<AhRec>()) });
+        let rec = unsafe { Box::from_raw(ah.cast::<AhRec>()) };
+        // SAFETY: the AH's PD is live: it was held since the AH was created.
+        if let Some(pd) = unsafe { PdRec::from_ibv((*rec.ibv.get()).pd) } {
+            pd.release();
+        }
+        drop(rec);
         Ok(())
     })
 }

@@ -280,6 +280,10 @@ unsafe fn create(
             qp_ex::install(&mut *ex);
         }
     }
+    // The PD, the CQs and the SRQ cannot be destroyed while the QP uses them (EBUSY).
+    pd.hold();
+    send_cq.hold();
+    recv_cq.hold();
     if let Some(s) = srq {
         s.hold();
     }
@@ -637,10 +641,21 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
                 .remove(&qpn);
         }
         let ex = rec.ibv();
-        // SAFETY: the record is live; its SRQ (if any) outlives it (destroy_srq refuses while
-        // a QP holds it); the mutex/cond were initialised at creation and are unused now.
+        // SAFETY: the record is live; its PD, CQs and SRQ outlive it (their destroy verbs
+        // refuse while the QP holds them); the mutex/cond were initialised at creation and are
+        // unused now.
         unsafe {
-            if let Some(srq) = SrqRec::from_ibv((*ex).qp_base.srq) {
+            let b = &(*ex).qp_base;
+            if let Some(pd) = PdRec::from_ibv(b.pd) {
+                pd.release();
+            }
+            if let Some(cq) = CqRec::from_ibv(b.send_cq) {
+                cq.release();
+            }
+            if let Some(cq) = CqRec::from_ibv(b.recv_cq) {
+                cq.release();
+            }
+            if let Some(srq) = SrqRec::from_ibv(b.srq) {
                 srq.release();
             }
             libc::pthread_mutex_destroy(addr_of_mut!((*ex).qp_base.mutex).cast());
@@ -1003,7 +1018,7 @@ pub(crate) mod harness {
     use roce_transport::{Access, Completion, Device, DeviceConfig, MemoryRegion, SimNetwork};
 
     use super::*;
-    use crate::sys::{ibv_cq, ibv_cq_ex, verbs_context};
+    use crate::sys::ibv_cq;
 
     /// One side: a context, a PD and a CQ of this library, built as the device and memcq
     /// modules build them.
@@ -1017,38 +1032,19 @@ pub(crate) mod harness {
     impl Side {
         pub(crate) fn open(net: &SimNetwork, ip: &str) -> Self {
             // The path MTU of a 1500-byte Ethernet port, as on a default veth.
-            let config = DeviceConfig::sim(net, ip.parse().unwrap()).mtu(Mtu::Mtu1024);
+            let config = DeviceConfig::sim(net, ip.parse().unwrap())
+                .name(format!("sim_{ip}"))
+                .mtu(Mtu::Mtu1024);
             let dev = Device::open(config).unwrap();
-            let mut rec = Box::new(ContextRec {
-                vctx: verbs_context::default(),
-                dev: dev.clone(),
-                qps: Default::default(),
-                srqs: Default::default(),
-            });
-            crate::install_ops(&mut rec.vctx);
-            let ctx = Box::leak(rec).ibv();
-            let pd = Box::leak(Box::new(PdRec {
-                ibv: ibv_pd {
-                    context: ctx,
-                    handle: 1,
-                },
-                pd: dev.alloc_pd(),
-            }));
-            let ex = ibv_cq_ex {
-                context: ctx,
-                cqe: 256,
-                ..Default::default()
-            };
-            let cq = Box::leak(Box::new(CqRec {
-                ex,
-                cq: dev.create_cq(256).unwrap(),
-            }));
-            Self {
-                ctx,
-                pd: ptr::from_mut(pd).cast(),
-                cq: ptr::from_mut(cq).cast(),
-                dev,
-            }
+            let ctx = crate::context::open_test_context(dev.clone());
+            // SAFETY: a live context of this library.
+            let pd = unsafe { crate::pd::ibv_alloc_pd(ctx) };
+            assert!(!pd.is_null());
+            // SAFETY: as above.
+            let cq =
+                unsafe { crate::cq::ibv_create_cq(ctx, 256, ptr::null_mut(), ptr::null_mut(), 0) };
+            assert!(!cq.is_null());
+            Self { ctx, pd, cq, dev }
         }
 
         /// A registered buffer of `len` bytes holding `fill`.
@@ -1456,6 +1452,17 @@ mod tests {
             let qpn = (*qp).qp_num;
             assert_eq!(ibv_destroy_qp(qp), 0);
             assert!(ctx.qps.lock().unwrap().get(&qpn).is_none());
+        }
+
+        // The QP holds its PD and CQ until it is destroyed.
+        let qp = a.qp(QPT_RC);
+        // SAFETY: the harness's PD and CQ, a live QP.
+        unsafe {
+            assert_eq!(crate::pd::ibv_dealloc_pd(a.pd), libc::EBUSY);
+            assert_eq!(crate::cq::ibv_destroy_cq(a.cq), libc::EBUSY);
+            assert_eq!(ibv_destroy_qp(qp), 0);
+            let spare = crate::pd::ibv_alloc_pd(a.ctx);
+            assert_eq!(crate::pd::ibv_dealloc_pd(spare), 0);
         }
 
         let mut big = a.init_attr(QPT_RC);

@@ -121,6 +121,8 @@ unsafe fn create(
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .push(ptr as usize);
+    // The PD cannot be deallocated while the SRQ uses it (EBUSY).
+    pd_rec.hold();
     attr.max_sge = max_sge;
     Ok(ptr.cast::<ibv_srq>())
 }
@@ -246,13 +248,16 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
             return Err(libc::EBUSY);
         }
         let ibv = rec.ibv.get();
-        // SAFETY: the record is live; its context outlives it.
+        // SAFETY: the record is live; its context and PD outlive it (the PD is held).
         unsafe {
             if let Some(ctx) = ContextRec::from_ibv((*ibv).context) {
                 ctx.srqs
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .retain(|&p| p != srq as usize);
+            }
+            if let Some(pd) = PdRec::from_ibv((*ibv).pd) {
+                pd.release();
             }
             libc::pthread_mutex_destroy(addr_of_mut!((*ibv).mutex).cast());
             libc::pthread_cond_destroy(addr_of_mut!((*ibv).cond).cast());
@@ -436,7 +441,13 @@ mod tests {
             let srq = create_srq_ex(a.ctx, &mut attr);
             assert!(!srq.is_null());
             assert_eq!((*srq).pd, a.pd);
+            assert_eq!(
+                crate::pd::ibv_dealloc_pd(a.pd),
+                libc::EBUSY,
+                "the SRQ holds it"
+            );
             assert_eq!(ibv_destroy_srq(srq), 0);
+            assert_eq!(crate::pd::ibv_dealloc_pd(a.pd), 0);
         }
     }
 }

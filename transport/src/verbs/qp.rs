@@ -204,6 +204,12 @@ impl QueuePair {
         let mut e = self.dev().lock_engine();
         let slot = slot_of(&mut e, self.qpn);
         slot.qp.modify(attr, mask)?;
+        if mask.contains(AttrMask::STATE) && attr.state == QpState::Reset {
+            // A reset QP starts afresh: its completions still in the CQs (the flushes of the
+            // error before) go, as mlx4/mlx5 clean their CQs (`mlx5_cq_clean`).
+            slot.send_cq.purge(self.qpn);
+            slot.recv_cq.purge(self.qpn);
+        }
         // Entering ERR flushes WRs into completions; send them on.
         self.dev().doorbell(e, self.qpn.value());
         Ok(())

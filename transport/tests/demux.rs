@@ -796,11 +796,19 @@ fn a_killed_member_process_leaves_the_other_undisturbed() {
             "{test}: slot 1 emptied {:.1} ms after SIGKILL",
             killed.elapsed().as_secs_f64() * 1e3
         );
-        // The peer's QP to the dead member ends in retries exhausted (some WRITEs may have
-        // completed before the kill).
+        // A WRITE posted now surely meets the empty slot.
+        post(
+            18,
+            SendOp::RdmaWrite {
+                remote_addr: caddr,
+                rkey,
+            },
+        );
+        // The peer's QP to the dead member ends in retries exhausted (the WRITEs before the
+        // kill may have completed).
         let mut last = WcStatus::Success;
         let mut n = 0;
-        while n < 8 {
+        while n < 9 {
             let got = cqp.wait(&mut wc, Duration::from_secs(10));
             assert_eq!(got, 1, "peer completions after the kill");
             n += 1;

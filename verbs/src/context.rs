@@ -456,6 +456,8 @@ fn device_attr(rec: &ContextRec) -> ibv_device_attr_ex {
     x.comp_mask = 0;
     x.device_cap_flags_ex = u64::from(o.device_cap_flags) | a.device_cap_flags_ex.bits();
     x.phys_port_cnt_ex = 1;
+    // Device memory in ordinary memory (crate::dm).
+    x.max_dm_size = crate::dm::MAX_DM_SIZE;
     x
 }
 

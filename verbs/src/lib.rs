@@ -37,6 +37,7 @@ pub mod channel;
 pub mod context;
 pub mod cq;
 pub mod device;
+pub mod dm;
 pub mod misc;
 pub mod mr;
 pub mod pd;
@@ -69,6 +70,9 @@ pub(crate) fn install_ops(v: &mut verbs_context) {
     v.create_cq_ex = Some(cq::create_cq_ex);
     v.create_qp_ex = Some(qp::create_qp_ex);
     v.create_srq_ex = Some(srq::create_srq_ex);
+    v.alloc_dm = Some(dm::alloc_dm);
+    v.free_dm = Some(dm::free_dm);
+    v.reg_dm_mr = Some(dm::reg_dm_mr);
     v.sz = size_of::<verbs_context>();
     // __VERBS_ABI_IS_EXTENDED: `verbs_get_ctx()` looks at the slots in front of the context.
     v.context.abi_compat = usize::MAX as *mut libc::c_void;

@@ -46,6 +46,8 @@ pub(crate) struct MrRec {
     pub(crate) ibv: ibv_mr,
     /// The registration; changed in place by `ibv_rereg_mr`; shared with its imports.
     mr: Arc<Mutex<MemoryRegion>>,
+    /// Memory the region lives in that this library owns (a DM's), kept until the MR goes.
+    _keep: Option<Arc<dyn Send + Sync>>,
 }
 
 /// Importable MRs by handle: the engine of their context and the shared registration.
@@ -95,6 +97,22 @@ unsafe fn register(
     iova: u64,
     access: c_int,
 ) -> Result<*mut ibv_mr, i32> {
+    // SAFETY: forwarded.
+    unsafe { register_kept(pd, addr, length, iova, access, None) }
+}
+
+/// [`register`], the MR holding `keep` (the owner of the memory) until it is deregistered.
+///
+/// # Safety
+/// As [`register`].
+pub(crate) unsafe fn register_kept(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+    keep: Option<Arc<dyn Send + Sync>>,
+) -> Result<*mut ibv_mr, i32> {
     // SAFETY: per this function's contract.
     let rec = unsafe { PdRec::from_ibv(pd) }.ok_or(libc::EINVAL)?;
     let rights = access_of(access)?;
@@ -119,6 +137,7 @@ unsafe fn register(
             rkey: mr.rkey().value(),
         },
         mr: Arc::new(Mutex::new(mr)),
+        _keep: keep,
     });
     lock(&MRS)
         .get_or_insert_with(HashMap::new)
@@ -250,6 +269,7 @@ pub unsafe extern "C" fn ibv_import_mr(pd: *mut ibv_pd, mr_handle: u32) -> *mut 
                 rkey,
             },
             mr: shared,
+            _keep: None,
         });
         rec.hold();
         Ok(Box::into_raw(out).cast::<ibv_mr>())

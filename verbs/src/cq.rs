@@ -282,8 +282,8 @@ pub unsafe extern "C" fn ibv_create_cq(
 
 /// `verbs_context.create_cq_ex` (`ibv_create_cq_ex(3)`): as [`ibv_create_cq`], with the
 /// extended attributes. `EOPNOTSUPP` for `wc_flags` beyond `IBV_WC_STANDARD_FLAGS`
-/// (timestamps, CVLAN, flow tag, tag matching), a parent domain, or unknown creation flags;
-/// `EINVAL` for unknown `comp_mask` bits. `SINGLE_THREADED` is a hint;
+/// (timestamps, CVLAN, flow tag, tag matching) or unknown creation flags; `EINVAL` for unknown
+/// `comp_mask` bits or a `parent_domain` that is not a parent domain of `ctx`. `SINGLE_THREADED` is a hint;
 /// `IGNORE_OVERRUN` holds anyway (an overrun loses the completion, the CQ keeps working).
 pub(crate) unsafe extern "C" fn create_cq_ex(
     ctx: *mut ibv_context,
@@ -297,10 +297,14 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         if a.comp_mask & !known != 0 {
             return Err(libc::EINVAL);
         }
-        if a.comp_mask & ibv_cq_init_attr_mask_IBV_CQ_INIT_ATTR_MASK_PD != 0
-            && !a.parent_domain.is_null()
-        {
-            return Err(libc::EOPNOTSUPP);
+        if a.comp_mask & ibv_cq_init_attr_mask_IBV_CQ_INIT_ATTR_MASK_PD != 0 {
+            // A parent domain of this context (ibv_create_cq_ex(3)); it only carries
+            // allocators rocectl does not call (pd.rs), so the CQ keeps no link to it.
+            // SAFETY: NULL or a live PD of this library (the verb's contract).
+            let pd = unsafe { crate::pd::PdRec::from_ibv(a.parent_domain) }.ok_or(libc::EINVAL)?;
+            if !pd.is_parent_domain() || pd.ibv.context != ctx {
+                return Err(libc::EINVAL);
+            }
         }
         let flags = ibv_create_cq_attr_flags_IBV_CREATE_CQ_ATTR_SINGLE_THREADED
             | ibv_create_cq_attr_flags_IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;

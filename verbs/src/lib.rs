@@ -73,6 +73,9 @@ pub(crate) fn install_ops(v: &mut verbs_context) {
     v.alloc_dm = Some(dm::alloc_dm);
     v.free_dm = Some(dm::free_dm);
     v.reg_dm_mr = Some(dm::reg_dm_mr);
+    v.alloc_td = Some(pd::alloc_td);
+    v.dealloc_td = Some(pd::dealloc_td);
+    v.alloc_parent_domain = Some(pd::alloc_parent_domain);
     v.sz = size_of::<verbs_context>();
     // __VERBS_ABI_IS_EXTENDED: `verbs_get_ctx()` looks at the slots in front of the context.
     v.context.abi_compat = usize::MAX as *mut libc::c_void;

@@ -4,6 +4,18 @@
 //! created in it (`PdRec::hold` / `PdRec::release`). `ibv_dealloc_pd` refuses with
 //! `EBUSY` while the count is not zero, as the kernel does.
 //!
+//! # Thread and parent domains
+//!
+//! `ibv_alloc_td` returns a thread domain (a hint for a provider's locking: rocectl's objects
+//! are thread safe, so it changes nothing); `ibv_alloc_parent_domain` returns a parent domain,
+//! an `ibv_pd` that is a second [`PdRec`] on the same rocectl PD, so every verb taking a PD
+//! accepts it and its objects live in the inner PD. It holds the inner PD and its TD (their
+//! deallocation is `EBUSY` until the parent domain goes). The custom allocators of
+//! `IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS` are accepted and never called: rocectl has no
+//! device-visible queue buffers for a provider to place in the application's memory.
+//!
+//! # Import
+//!
 //! Every PD has a unique `handle`; `ibv_import_pd(3)` finds a PD of the same engine by it (in
 //! a context from `ibv_import_device`, or any context of the device) and returns a new `ibv_pd`
 //! sharing the rocectl PD (`ProtectionDomain` is a shared handle: the domain lives while any
@@ -17,7 +29,12 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::context::ContextRec;
 use crate::ffi;
-use crate::sys::{ibv_context, ibv_pd};
+use crate::sys::{
+    ibv_context, ibv_parent_domain_init_attr,
+    ibv_parent_domain_init_attr_mask_IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS,
+    ibv_parent_domain_init_attr_mask_IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT, ibv_pd, ibv_td,
+    ibv_td_init_attr,
+};
 
 /// A protection domain.
 #[repr(C)]
@@ -26,7 +43,18 @@ pub(crate) struct PdRec {
     pub(crate) ibv: ibv_pd,
     /// The rocectl PD.
     pub(crate) pd: roce_transport::ProtectionDomain,
-    /// Objects using the PD (MRs, QPs, SRQs, AHs).
+    /// Objects using the PD (MRs, QPs, SRQs, AHs, parent domains).
+    users: AtomicU32,
+    /// For a parent domain: the inner PD's record and the TD's (0 for none), as addresses.
+    parent: Option<(usize, usize)>,
+}
+
+/// A thread domain.
+#[repr(C)]
+pub(crate) struct TdRec {
+    /// Must stay the first field.
+    ibv: ibv_td,
+    /// Parent domains using it.
     users: AtomicU32,
 }
 
@@ -65,6 +93,11 @@ impl PdRec {
     pub(crate) fn users(&self) -> u32 {
         self.users.load(Ordering::Acquire)
     }
+
+    /// Whether this is a parent domain (`ibv_alloc_parent_domain`).
+    pub(crate) fn is_parent_domain(&self) -> bool {
+        self.parent.is_some()
+    }
 }
 
 /// Locks a mutex of this library's records; a poisoned lock (a panic caught by the C-boundary
@@ -95,6 +128,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
             },
             pd: ctx.dev.alloc_pd(),
             users: AtomicU32::new(0),
+            parent: None,
         });
         lock(&PDS)
             .get_or_insert_with(HashMap::new)
@@ -124,6 +158,7 @@ pub unsafe extern "C" fn ibv_import_pd(context: *mut ibv_context, pd_handle: u32
             },
             pd,
             users: AtomicU32::new(0),
+            parent: None,
         });
         Ok(Box::into_raw(rec).cast::<ibv_pd>())
     })
@@ -162,13 +197,107 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         if rec.users() != 0 {
             return Err(libc::EBUSY);
         }
-        if let Some(m) = lock(&PDS).as_mut() {
+        if let Some((inner, td)) = rec.parent {
+            // SAFETY: a parent domain holds its inner PD and TD, so both are live.
+            unsafe {
+                if let Some(p) = PdRec::from_ibv(inner as *mut ibv_pd) {
+                    p.release();
+                }
+                if let Some(t) = (td as *const TdRec).as_ref() {
+                    let _ = t
+                        .users
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+                }
+            }
+        } else if let Some(m) = lock(&PDS).as_mut() {
             m.remove(&rec.ibv.handle);
         }
         // SAFETY: allocated by `ibv_alloc_pd` with `Box::into_raw`; the application gives it
         // up with this call, and no object of this library refers to it any more (count 0).
         drop(unsafe { Box::from_raw(pd.cast::<PdRec>()) });
         Ok(())
+    })
+}
+
+/// `verbs_context.alloc_td` (`ibv_alloc_td(3)`): a thread domain (module doc). NULL with
+/// `errno = EINVAL` for a NULL context or attributes, or a `comp_mask`.
+pub(crate) unsafe extern "C" fn alloc_td(
+    context: *mut ibv_context,
+    init_attr: *mut ibv_td_init_attr,
+) -> *mut ibv_td {
+    ffi::guard_ptr("ibv_alloc_td", || {
+        // SAFETY: NULL or an open context of this library (the verb's contract).
+        unsafe { ContextRec::from_ibv(context) }.ok_or(libc::EINVAL)?;
+        // SAFETY: NULL or the caller's attributes.
+        let a = unsafe { init_attr.as_ref() }.ok_or(libc::EINVAL)?;
+        if a.comp_mask != 0 {
+            return Err(libc::EINVAL);
+        }
+        let rec = Box::new(TdRec {
+            ibv: ibv_td { context },
+            users: AtomicU32::new(0),
+        });
+        Ok(Box::into_raw(rec).cast::<ibv_td>())
+    })
+}
+
+/// `verbs_context.dealloc_td` (`ibv_dealloc_td(3)`): `EBUSY` while a parent domain uses the
+/// TD, `EINVAL` for NULL.
+pub(crate) unsafe extern "C" fn dealloc_td(td: *mut ibv_td) -> c_int {
+    ffi::guard_int("ibv_dealloc_td", || {
+        // SAFETY: NULL or a live TD of this library (the verb's contract).
+        let rec = unsafe { td.cast::<TdRec>().as_ref() }.ok_or(libc::EINVAL)?;
+        if rec.users.load(Ordering::Acquire) != 0 {
+            return Err(libc::EBUSY);
+        }
+        // SAFETY: allocated by `alloc_td` with `Box::into_raw`, given up by this call.
+        drop(unsafe { Box::from_raw(td.cast::<TdRec>()) });
+        Ok(())
+    })
+}
+
+/// `verbs_context.alloc_parent_domain` (`ibv_alloc_parent_domain(3)`): a parent domain on
+/// `attr->pd` (module doc), freed by `ibv_dealloc_pd`. NULL with `errno = EINVAL` for NULL
+/// arguments, an inner PD that is itself a parent domain or of another context, a TD of
+/// another context, or unknown `comp_mask` bits.
+pub(crate) unsafe extern "C" fn alloc_parent_domain(
+    context: *mut ibv_context,
+    attr: *mut ibv_parent_domain_init_attr,
+) -> *mut ibv_pd {
+    ffi::guard_ptr("ibv_alloc_parent_domain", || {
+        // SAFETY: NULL or an open context of this library (the verb's contract).
+        unsafe { ContextRec::from_ibv(context) }.ok_or(libc::EINVAL)?;
+        // SAFETY: NULL or the caller's attributes.
+        let a = unsafe { attr.as_ref() }.ok_or(libc::EINVAL)?;
+        let known = ibv_parent_domain_init_attr_mask_IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS
+            | ibv_parent_domain_init_attr_mask_IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+        if a.comp_mask & !known != 0 {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: NULL or a live PD of this library (the verb's contract).
+        let inner = unsafe { PdRec::from_ibv(a.pd) }.ok_or(libc::EINVAL)?;
+        if inner.is_parent_domain() || inner.ibv.context != context {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: NULL or a live TD of this library.
+        let td = unsafe { a.td.cast::<TdRec>().as_ref() };
+        if td.is_some_and(|t| t.ibv.context != context) {
+            return Err(libc::EINVAL);
+        }
+        let rec = Box::new(PdRec {
+            ibv: ibv_pd {
+                context,
+                handle: next_handle(),
+            },
+            pd: inner.pd.clone(),
+            users: AtomicU32::new(0),
+            parent: Some((a.pd as usize, a.td as usize)),
+        });
+        inner.hold();
+        if let Some(t) = td {
+            t.users.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(Box::into_raw(rec).cast::<ibv_pd>())
     })
 }
 
@@ -332,6 +461,69 @@ mod tests {
             assert_eq!(libc::fcntl(dup, libc::F_GETFD), -1);
         }
         testing::close(other);
+        testing::close(ctx);
+    }
+
+    /// A parent domain is a PD for every PD-taking verb (here ibv_reg_mr), holds its inner PD
+    /// and TD, and is what a CQ's `parent_domain` must be.
+    #[test]
+    fn a_parent_domain_is_a_pd_holding_its_pd_and_td() {
+        use crate::cq::{create_cq_ex, ibv_destroy_cq};
+        use crate::mr::{ibv_dereg_mr, ibv_reg_mr};
+        use crate::sys::{
+            ibv_cq, ibv_cq_init_attr_ex, ibv_cq_init_attr_mask_IBV_CQ_INIT_ATTR_MASK_PD,
+        };
+        let Some(lab) = testing::Lab::new("vmpdom") else {
+            return;
+        };
+        let ctx = lab.open(1);
+        let errno = || std::io::Error::last_os_error().raw_os_error().unwrap();
+        // SAFETY: a live context; every object is used only while it exists; the buffer
+        // outlives the MR.
+        unsafe {
+            let mut tda = ibv_td_init_attr { comp_mask: 1 };
+            assert!(alloc_td(ctx, &mut tda).is_null());
+            tda.comp_mask = 0;
+            let td = alloc_td(ctx, &mut tda);
+            assert!(!td.is_null());
+            let pd = ibv_alloc_pd(ctx);
+            let mut pa: ibv_parent_domain_init_attr = std::mem::zeroed();
+            assert!(alloc_parent_domain(ctx, &mut pa).is_null());
+            assert_eq!(errno(), libc::EINVAL);
+            pa.pd = pd;
+            pa.td = td;
+            pa.comp_mask = ibv_parent_domain_init_attr_mask_IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+            let parent = alloc_parent_domain(ctx, &mut pa);
+            assert!(!parent.is_null() && parent != pd);
+            assert_eq!((*parent).context, ctx);
+            // A parent domain cannot nest.
+            pa.pd = parent;
+            assert!(alloc_parent_domain(ctx, &mut pa).is_null());
+
+            let mut buf = vec![0u8; 64];
+            let mr = ibv_reg_mr(parent, buf.as_mut_ptr().cast(), 64, 1);
+            assert!(!mr.is_null());
+            assert_eq!((*mr).pd, parent);
+            assert_eq!(ibv_dealloc_pd(pd), libc::EBUSY);
+            assert_eq!(dealloc_td(td), libc::EBUSY);
+            assert_eq!(ibv_dealloc_pd(parent), libc::EBUSY);
+
+            let mut ca: ibv_cq_init_attr_ex = std::mem::zeroed();
+            ca.cqe = 4;
+            ca.comp_mask = ibv_cq_init_attr_mask_IBV_CQ_INIT_ATTR_MASK_PD;
+            ca.parent_domain = pd;
+            assert!(create_cq_ex(ctx, &mut ca).is_null());
+            assert_eq!(errno(), libc::EINVAL);
+            ca.parent_domain = parent;
+            let cq = create_cq_ex(ctx, &mut ca);
+            assert!(!cq.is_null());
+            assert_eq!(ibv_destroy_cq(cq.cast::<ibv_cq>()), 0);
+
+            assert_eq!(ibv_dereg_mr(mr), 0);
+            assert_eq!(ibv_dealloc_pd(parent), 0);
+            assert_eq!(dealloc_td(td), 0);
+            assert_eq!(ibv_dealloc_pd(pd), 0);
+        }
         testing::close(ctx);
     }
 }

@@ -100,13 +100,11 @@ impl CqRec {
     /// Records one more QP (or SRQ) completing into this CQ: `ibv_destroy_cq` fails with
     /// `EBUSY` until the matching [`Self::release`]. Call it once the QP exists and
     /// `release` when it is destroyed.
-    #[allow(dead_code)] // for the QP module (helper "qp"), which creates QPs on CQs
     pub(crate) fn hold(&self) {
         self.users.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Undoes one [`Self::hold`] (an unbalanced release is ignored).
-    #[allow(dead_code)] // as `hold`
     pub(crate) fn release(&self) {
         let _ = self
             .users

@@ -302,10 +302,9 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
 
 #[cfg(test)]
 mod tests {
-    use roce_transport::WcStatus;
 
     use super::*;
-    use crate::qp::harness::{bring_up, ibv_sge_of, post, Side};
+    use crate::qp::harness::{bring_up, ibv_sge_of, post, Side, WC_SUCCESS};
     use crate::qp::{ibv_create_qp, ibv_destroy_qp, SEND_SIGNALED, WR_SEND};
     use crate::sys::{ibv_qp_type_IBV_QPT_RC as RC, ibv_send_wr, ibv_sge};
 
@@ -382,7 +381,7 @@ mod tests {
         let c = b.poll(1);
         assert_eq!(
             (c[0].wr_id, c[0].status, c[0].byte_len),
-            (42, WcStatus::Success, 6)
+            (42, WC_SUCCESS, 6)
         );
         assert_eq!(&rbuf.to_vec()[..6], b"to srq");
 

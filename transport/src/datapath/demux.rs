@@ -27,6 +27,25 @@
 //!                                              -> SO_ATTACH_REUSEPORT_EBPF(prog) -> map[slot] = socket
 //! ```
 //!
+//! # For the daemon
+//!
+//! - Once per address (per network namespace): `DemuxGroup::create(SlotLayout::DEFAULT)`, then
+//!   [`DemuxGroup::pin`] it in a BPF filesystem (or keep the two descriptors in systemd's fd
+//!   store) and, after a restart, [`DemuxGroup::open_pinned`]. Every member of an address must
+//!   use this one group: a member attaching another group's program would replace the
+//!   address's steering and strand the others.
+//! - Per client: pick a free slot (keep slot 0, which holds QP1, for yourself; never hand out
+//!   a slot within its quarantine after its owner died), send `map_fd()` and `prog_fd()` with
+//!   `SCM_RIGHTS` plus the slot and the layout's shift. The client calls
+//!   `DemuxGroup::from_fds(map, prog, SlotLayout::new(shift)?)`, `Demux::new(group, slot)` and
+//!   `Device::open(DeviceConfig::udp(ip).demux(demux))`.
+//! - [`DemuxGroup::occupant`] tells whether a slot's socket still exists (the kernel empties
+//!   the slot when the socket closes, so ~1 ms after a `kill -9`); [`DemuxGroup::vacate`]
+//!   evicts.
+//! - Only processes of the uid that owns the address's sockets can join; refuse kernel demux
+//!   to clients of other uids up front (SO_PEERCRED) and offer forwarding
+//!   ([`super::fwdring`]).
+//!
 //! # Rules the data path keeps (measured in `design/daemon.md` §5.5)
 //!
 //! - **No GSO run mixes destination QPNs.** A UDP GSO message over loopback reaches the
@@ -44,8 +63,8 @@
 //! # Isolation: one trust domain only
 //!
 //! The kernel lets only sockets of one user (the socket owner's uid) form a reuseport group:
-//! a process of another uid cannot join and gets a clear error ([`super::udp::UdpError::
-//! DemuxOtherUser`]). Within a group, a member can take others' datagrams: it can detach or
+//! a process of another uid cannot join and gets a clear error
+//! ([`super::udp::UdpError::DemuxOtherUser`]). Within a group, a member can take others' datagrams: it can detach or
 //! replace the group's program (`SO_DETACH_REUSEPORT_BPF`, `SO_ATTACH_REUSEPORT_CBPF`),
 //! `connect()` its socket to a peer, and with the map descriptor it can put its socket in any
 //! slot. So kernel demux is for the processes of one user (one job); hosts shared by several
@@ -57,10 +76,13 @@
 //! `CAP_NET_ADMIN` (root). Joining ([`DemuxGroup::join`]) needs only the two descriptors:
 //! attaching a loaded program to one's own socket and updating the map are not privileged.
 
+use std::ffi::CString;
 use std::fmt;
 use std::io;
 use std::ops::RangeInclusive;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 use crate::ids::{MAX_QPN, MIN_QPN};
 
@@ -72,6 +94,8 @@ const BPF_MAP_LOOKUP_ELEM: libc::c_int = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_int = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_int = 3;
 const BPF_PROG_LOAD: libc::c_int = 5;
+const BPF_OBJ_PIN: libc::c_int = 6;
+const BPF_OBJ_GET: libc::c_int = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_int = 15;
 /// `enum bpf_map_type`.
 const BPF_MAP_TYPE_REUSEPORT_SOCKARRAY: u32 = 20;
@@ -461,6 +485,65 @@ impl DemuxGroup {
         })
     }
 
+    /// Pins the map and the program as `dir/map` and `dir/prog` in a BPF filesystem (`mount
+    /// -t bpf bpf /sys/fs/bpf`), so that a restarted daemon gets the same objects back
+    /// ([`DemuxGroup::open_pinned`]): its established members keep their slots, and the
+    /// members it admits next join the same map. (Without it, a new daemon's new map and
+    /// program would replace the group's steering and strand the old members.)
+    ///
+    /// # Errors
+    /// [`DemuxError::Io`]: `dir` is not in a BPF filesystem, the names exist, no permission.
+    pub fn pin(&self, dir: &Path) -> Result<(), DemuxError> {
+        for (name, fd) in [("map", &self.map), ("prog", &self.prog)] {
+            let path = c_path(&dir.join(name))?;
+            let mut attr = ObjAttr {
+                pathname: path.as_ptr() as u64,
+                bpf_fd: fd.as_raw_fd() as u32,
+                file_flags: 0,
+            };
+            bpf(BPF_OBJ_PIN, &mut attr).map_err(|source| DemuxError::Io {
+                op: "pin in the BPF filesystem",
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The group pinned in `dir` by [`DemuxGroup::pin`], checked as [`DemuxGroup::from_fds`]
+    /// does.
+    ///
+    /// # Errors
+    /// [`DemuxError::Io`] when nothing is pinned there (or no permission),
+    /// [`DemuxError::BadDescriptor`] when what is there is not a demux group of `layout`.
+    pub fn open_pinned(dir: &Path, layout: SlotLayout) -> Result<Self, DemuxError> {
+        let get = |name: &str| {
+            let path = c_path(&dir.join(name))?;
+            let mut attr = ObjAttr {
+                pathname: path.as_ptr() as u64,
+                bpf_fd: 0,
+                file_flags: 0,
+            };
+            bpf_fd(BPF_OBJ_GET, &mut attr).map_err(|source| DemuxError::Io {
+                op: "open a pinned object",
+                source,
+            })
+        };
+        Self::from_fds(get("map")?, get("prog")?, layout)
+    }
+
+    /// The kernel's ID of the map (as `bpftool map show` lists it): equal IDs, same group.
+    ///
+    /// # Errors
+    /// [`DemuxError::Io`].
+    pub fn map_id(&self) -> Result<u32, DemuxError> {
+        map_info(self.map.as_fd())
+            .map(|m| m.id)
+            .map_err(|source| DemuxError::Io {
+                op: "read the map's information",
+                source,
+            })
+    }
+
     /// The map's descriptor, to pass to a client.
     pub fn map_fd(&self) -> BorrowedFd<'_> {
         self.map.as_fd()
@@ -675,6 +758,15 @@ struct InfoAttr {
     info: u64,
 }
 
+/// The `bpf_attr` of `BPF_OBJ_PIN` and `BPF_OBJ_GET`.
+#[repr(C)]
+#[derive(Default)]
+struct ObjAttr {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+}
+
 /// The start of `struct bpf_map_info`.
 #[repr(C)]
 #[derive(Default)]
@@ -700,6 +792,7 @@ impl Attr for MapCreateAttr {}
 impl Attr for MapElemAttr {}
 impl Attr for ProgLoadAttr {}
 impl Attr for InfoAttr {}
+impl Attr for ObjAttr {}
 
 /// `bpf(cmd, attr, sizeof attr)`; the kernel treats a shorter `bpf_attr` as zero-extended.
 fn bpf<A: Attr>(cmd: libc::c_int, attr: &mut A) -> io::Result<libc::c_long> {
@@ -786,6 +879,14 @@ fn prog_info(fd: BorrowedFd<'_>) -> io::Result<ProgInfo> {
     };
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
     Ok(info)
+}
+
+/// `path` as a C string.
+fn c_path(path: &Path) -> Result<CString, DemuxError> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| DemuxError::Io {
+        op: "name a pinned object",
+        source: io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"),
+    })
 }
 
 /// A NUL-padded object name (at most 15 characters; the kernel allows `[A-Za-z0-9_.]`).

@@ -1,6 +1,7 @@
 //! How to open a device: the backend, who drives the engine, capture and seed.
 
 use std::net::IpAddr;
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -84,6 +85,10 @@ pub struct DeviceConfig {
     /// receiving the datagrams of its own QPN range (see [`crate::datapath::demux`]). `None`
     /// (the default): this device holds the address alone.
     pub demux: Option<Demux>,
+    /// Hand out QPNs only from this range (a daemon client's slot: forwarding mode, where
+    /// the daemon routes by QPN). Kernel demux sets it from [`DeviceConfig::demux`]. `None`:
+    /// all QPNs.
+    pub qpn_range: Option<RangeInclusive<u32>>,
 }
 
 impl DeviceConfig {
@@ -100,6 +105,7 @@ impl DeviceConfig {
             max_mr: 1 << 16,
             clock: None,
             demux: None,
+            qpn_range: None,
         }
     }
 
@@ -159,6 +165,12 @@ impl DeviceConfig {
     /// its slot and QPNs are drawn from the slot's range only.
     pub fn demux(mut self, demux: Demux) -> Self {
         self.demux = Some(demux);
+        self
+    }
+
+    /// Draws QPNs only from `range` (random within it; the reserved QPNs stay out).
+    pub fn qpn_range(mut self, range: RangeInclusive<u32>) -> Self {
+        self.qpn_range = Some(range);
         self
     }
 

@@ -135,7 +135,7 @@ impl Device {
         let backend = dp.name();
         // The GID table mirrors what rxe builds for the interface that owns our address.
         let netdev: Option<NetDevice> = match backend {
-            "udp" | "raw" => crate::netdev::interface_for_addr(local.ip()).ok(),
+            "udp" | "raw" | "fwd" => crate::netdev::interface_for_addr(local.ip()).ok(),
             _ => None,
         };
         let mac = netdev
@@ -170,8 +170,12 @@ impl Device {
         };
         let fd = engine.datapath().readiness_fd();
         let mut ids = Ids::new(config.seed).map_err(OpenError::Io)?;
-        if let Some(d) = &config.demux {
-            ids.restrict(d.qpn_range());
+        let range = config
+            .qpn_range
+            .clone()
+            .or_else(|| config.demux.as_ref().map(|d| d.qpn_range()));
+        if let Some(r) = range {
+            ids.restrict(r);
         }
         let table_seed = ids.next_u64();
         let shared = Arc::new(DeviceShared {

@@ -441,16 +441,12 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
 
 /// `ibv_context_ops.req_notify_cq` (`ibv_req_notify_cq(3)`): arms the CQ; the next
 /// completion (with `solicited_only`, the next solicited or failed one) sends one event to
-/// its channel, and so does arming a CQ that already holds completions, at once, as mlx5
-/// does (the verbs specification leaves it to the device; UCX's sleep mode arms after its
-/// last poll without polling again, and waited forever for a message that landed in
-/// between). 0, or EINVAL for NULL.
+/// its channel. 0, or EINVAL for NULL.
 pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     ffi::guard_int("ibv_req_notify_cq", || {
         // SAFETY: NULL or a live CQ of this library (the verb's contract).
         let rec = unsafe { CqRec::from_ibv(cq) }.ok_or(libc::EINVAL)?;
         rec.cq.req_notify(solicited_only != 0);
-        rec.cq.notify_if_pending();
         Ok(())
     })
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use roce_qp::verbs::Completion;
 
-use crate::cq::{CqShared, NOTIFY_ALL, NOTIFY_NONE, NOTIFY_SOLICITED};
+use crate::cq::{CqShared, NOTIFY_ALL, NOTIFY_SOLICITED};
 use crate::device::Device;
 use crate::error::VerbsError;
 use crate::sys::lock;
@@ -105,27 +105,6 @@ impl CompletionQueue {
         self.shared.armed.store(mode, Ordering::Release);
         // A completion that arrived before arming does not fire; like verbs, callers poll
         // after arming to catch it.
-    }
-
-    /// Fires an armed notification at once when completions are already waiting (whatever
-    /// the arming asked for; an extra event is harmless, a missing one is not), as a ConnectX
-    /// (mlx5) arm does: its doorbell carries the consumer index and the CQ raises an event for
-    /// any completion past it. UCX's sleep mode arms without polling again afterwards and
-    /// relies on that. Returns whether it fired.
-    pub fn notify_if_pending(&self) -> bool {
-        if lock(&self.shared.queue).is_empty() {
-            return false;
-        }
-        if self.shared.armed.swap(NOTIFY_NONE, Ordering::AcqRel) == NOTIFY_NONE {
-            // Not armed, or the engine fired it meanwhile.
-            return false;
-        }
-        let notifier = lock(&self.shared.notifier);
-        match notifier.as_ref() {
-            Some(f) => f(),
-            None => self.shared.event.notify(),
-        }
-        true
     }
 
     /// The completion channel's descriptor: readable when an armed notification fired.

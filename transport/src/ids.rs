@@ -65,6 +65,15 @@ impl Ids {
         })
     }
 
+    /// Draws QPNs only from `base .. base + count` (the range the rocectl daemon leased),
+    /// still never 0, 1 or the multicast QPN.
+    pub(crate) fn restrict(&mut self, base: u32, count: u32) {
+        self.min = base.max(MIN_QPN);
+        self.max = base
+            .saturating_add(count.max(1) - 1)
+            .clamp(self.min, MAX_QPN.max(self.min));
+    }
+
     /// 64 random bits (the key table's seed).
     pub(crate) fn next_u64(&mut self) -> u64 {
         self.rng.next_u64()

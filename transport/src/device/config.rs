@@ -79,6 +79,9 @@ pub struct DeviceConfig {
     /// system clock otherwise. With a [`crate::clock::VirtualClock`] and
     /// [`Progress::Manual`], a scenario on the `sim` backend replays exactly from its seeds.
     pub clock: Option<Arc<dyn Clock>>,
+    /// Never use the rocectl daemon: the device binds its address alone, as when no daemon
+    /// runs (also forced by `ROCECTL_EXCLUSIVE=1`). See [`crate::control`].
+    pub exclusive: bool,
 }
 
 impl DeviceConfig {
@@ -94,6 +97,7 @@ impl DeviceConfig {
             seed: None,
             max_mr: 1 << 16,
             clock: None,
+            exclusive: false,
         }
     }
 
@@ -146,6 +150,12 @@ impl DeviceConfig {
     /// Sets the clock.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
+        self
+    }
+
+    /// Opens the device in the in-process exclusive mode even when the rocectl daemon runs.
+    pub fn exclusive(mut self) -> Self {
+        self.exclusive = true;
         self
     }
 

@@ -39,7 +39,7 @@ use thread::{run_thread, DATAPATH, WAKER};
 pub(crate) struct DeviceShared {
     pub(crate) name: String,
     pub(crate) table: Arc<MrTable>,
-    engine: Mutex<Engine>,
+    pub(crate) engine: Mutex<Engine>,
     waker: Option<mio::Waker>,
     stop: AtomicBool,
     pub(crate) progress: Progress,
@@ -56,6 +56,8 @@ pub(crate) struct DeviceShared {
     ip_mtu: usize,
     /// When the progress thread plans to wake (ns on the engine clock; 0: not sleeping).
     sleep_until: AtomicU64,
+    /// The link to the rocectl daemon, when it serves this device's address.
+    pub(crate) daemon: Option<Arc<crate::control::DaemonClient>>,
 }
 
 impl std::fmt::Debug for DeviceShared {
@@ -116,7 +118,9 @@ impl Device {
             (None, Backend::Sim { net, .. }) => net.clock().clone(),
             (None, _) => clock::system(),
         };
-        let dp = open_backend(config.backend)?;
+        let (backend, daemon) =
+            crate::control::attach(config.backend, config.exclusive, &config.name)?;
+        let dp = open_backend(backend)?;
         let caps = dp.caps();
         let local = dp.local_addr();
         let max_mtu = Mtu::for_netdev_mtu(caps.ip_mtu.min(4096 + 80)).ok_or(
@@ -170,6 +174,9 @@ impl Device {
         };
         let fd = engine.datapath().readiness_fd();
         let mut ids = Ids::new(config.seed).map_err(OpenError::Io)?;
+        if let Some(d) = &daemon {
+            ids.restrict(d.lease().qpn_base, d.lease().qpn_count);
+        }
         let table_seed = ids.next_u64();
         let shared = Arc::new(DeviceShared {
             name: config.name,
@@ -189,7 +196,11 @@ impl Device {
             local,
             ip_mtu: caps.ip_mtu,
             sleep_until: AtomicU64::new(0),
+            daemon,
         });
+        if let Some(d) = &shared.daemon {
+            d.start_reporter(Arc::downgrade(&shared));
+        }
         let thread = match poll {
             Some(poll) => {
                 if let Some(fd) = fd {

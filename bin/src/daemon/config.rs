@@ -391,6 +391,16 @@ mr_bytes = 1048576
         assert!(e.contains("refuse every client"), "{e}");
     }
 
+    /// The example shipped in packaging/ is a valid file.
+    #[test]
+    fn the_packaged_example_parses() {
+        let text = include_str!("../../../packaging/rocectl.toml");
+        let c = parse(text).unwrap();
+        assert_eq!(c.interface.as_deref(), Some("eth0"));
+        assert_eq!(c.socket.group, Some(Group::Name("rdma".into())));
+        assert_eq!(c.quarantine(), Duration::from_secs(10));
+    }
+
     #[test]
     fn groups_resolve_by_number_and_name() {
         assert_eq!(resolve_group(&Group::Id(7)).unwrap(), 7);

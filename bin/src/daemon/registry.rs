@@ -167,12 +167,14 @@ impl Registry {
 
     fn try_alloc(&mut self, id: ClientId) -> Result<Lease, ControlError> {
         let Some(c) = self.clients.get(&id) else {
-            return Err(ControlError::BadRequest("unknown connection".into()));
+            return Err(ControlError::BadRequest {
+                reason: "unknown connection".into(),
+            });
         };
         if c.role != Role::Device {
-            return Err(ControlError::BadRequest(
-                "a view connection cannot hold a QPN range".into(),
-            ));
+            return Err(ControlError::BadRequest {
+                reason: "a view connection cannot hold a QPN range".into(),
+            });
         }
         if let Some(l) = &c.lease {
             return Err(ControlError::AlreadyHasRange { slot: l.slot });
@@ -181,10 +183,10 @@ impl Registry {
         let holders = || self.clients.values().filter(|c| c.lease.is_some());
         if self.policy.mode == Mode::KernelDemux {
             if let Some(other) = holders().find(|c| c.cred.uid != uid) {
-                return Err(ControlError::Forbidden(format!(
+                return Err(ControlError::Forbidden { reason: format!(
                     "kernel-demux mode serves one trust domain: uid {} holds QPN ranges, uid {uid} may not join (a member socket could take the others' datagrams); use mode = \"forwarding\" for several users",
                     other.cred.uid
-                )));
+                ) });
             }
         }
         let all = holders().count() as u64;
@@ -236,7 +238,9 @@ impl Registry {
 
     fn try_reserve(&mut self, id: ClientId, want: Objects) -> Result<(), ControlError> {
         let Some(c) = self.clients.get(&id) else {
-            return Err(ControlError::BadRequest("unknown connection".into()));
+            return Err(ControlError::BadRequest {
+                reason: "unknown connection".into(),
+            });
         };
         if c.lease.is_none() {
             return Err(ControlError::NoRange);
@@ -472,7 +476,7 @@ mod tests {
         r.connect(v, cred(9, 0), "v".into(), Role::View, t);
         assert!(matches!(
             r.alloc_range(v, t),
-            Err(ControlError::BadRequest(_))
+            Err(ControlError::BadRequest { .. })
         ));
         assert_eq!(r.reserve(v, Objects::qp()), Err(ControlError::NoRange));
         assert_eq!(r.views(t).len(), 1, "viewers are not listed");
@@ -571,7 +575,7 @@ mod tests {
         let b = device(&mut r, 2, 1001, t);
         let e = r.alloc_range(b, t).unwrap_err();
         assert!(
-            matches!(&e, ControlError::Forbidden(m) if m.contains("one trust domain")),
+            matches!(&e, ControlError::Forbidden { reason: m } if m.contains("one trust domain")),
             "{e:?}"
         );
         r.disconnect(a, t);

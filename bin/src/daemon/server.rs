@@ -108,7 +108,9 @@ impl Server {
                     warn!(pid = cred.pid, comm = %comm, error = %e, "bad control message; closing");
                     let _ = write_frame(
                         &mut stream,
-                        &Reply::Error(ControlError::BadRequest(e.to_string())),
+                        &Reply::Error(ControlError::BadRequest {
+                            reason: e.to_string(),
+                        }),
                         &[],
                     );
                     break;
@@ -126,8 +128,10 @@ impl Server {
         }
         let t = Instant::now();
         let reaped = self.registry().disconnect(id, t);
-        let exited = pidfd.as_ref().map(|p| pidfd_exited(p.as_fd()));
         if let Some(r) = reaped {
+            let exited = pidfd
+                .as_ref()
+                .map(|p| pidfd_exited(p.as_fd(), Duration::from_millis(200)));
             let why = match exited {
                 Some(true) => "process exited",
                 Some(false) => "connection closed, process alive",
@@ -166,7 +170,12 @@ impl Server {
             }
             Ok(Some(_)) => refuse(stream, ControlError::NoHello),
             Ok(None) => None,
-            Err(e) => refuse(stream, ControlError::BadRequest(e.to_string())),
+            Err(e) => refuse(
+                stream,
+                ControlError::BadRequest {
+                    reason: e.to_string(),
+                },
+            ),
         }
     }
 
@@ -175,7 +184,9 @@ impl Server {
         let now = Instant::now();
         let mut reg = self.registry();
         let result = match req {
-            Request::Hello(_) => Err(ControlError::BadRequest("a second hello".into())),
+            Request::Hello(_) => Err(ControlError::BadRequest {
+                reason: "a second hello".into(),
+            }),
             Request::AllocRange { device } => match reg.alloc_range(id, now) {
                 Ok(mut lease) => {
                     lease.demux_fd = self.demux.is_some();
@@ -205,7 +216,9 @@ impl Server {
                 daemon: reg.stats(now),
                 clients: reg.views(now),
             }),
-            _ => Err(ControlError::NotImplemented("this request".into())),
+            _ => Err(ControlError::NotImplemented {
+                what: "this request".into(),
+            }),
         };
         drop(reg);
         match result {
@@ -213,7 +226,7 @@ impl Server {
             Err(e) => {
                 if matches!(
                     e,
-                    ControlError::LimitExceeded { .. } | ControlError::Forbidden(_)
+                    ControlError::LimitExceeded { .. } | ControlError::Forbidden { .. }
                 ) {
                     info!(pid = cred.pid, uid = cred.uid, comm = %comm, "refused: {e}");
                 }

@@ -363,6 +363,7 @@ impl Drop for Reservation {
 /// major version or refuses the range.
 pub(crate) fn attach(
     backend: Backend,
+    socket: &Option<PathBuf>,
     exclusive: bool,
     device: &str,
 ) -> Result<(Backend, Option<Arc<DaemonClient>>), OpenError> {
@@ -376,7 +377,7 @@ pub(crate) fn attach(
         return Ok((backend, None));
     }
     let local = *local;
-    let path = socket_path();
+    let path = socket.clone().unwrap_or_else(socket_path);
     if !path.exists() {
         return Ok((backend, None));
     }

@@ -398,14 +398,23 @@ pub enum ControlError {
     #[error("allocate a QPN range first")]
     NoRange,
     /// The caller may not do this.
-    #[error("forbidden: {0}")]
-    Forbidden(String),
+    #[error("forbidden: {reason}")]
+    Forbidden {
+        /// Why.
+        reason: String,
+    },
     /// A feature the daemon does not have yet.
-    #[error("not implemented yet: {0}")]
-    NotImplemented(String),
+    #[error("not implemented yet: {what}")]
+    NotImplemented {
+        /// What.
+        what: String,
+    },
     /// A malformed request.
-    #[error("bad request: {0}")]
-    BadRequest(String),
+    #[error("bad request: {reason}")]
+    BadRequest {
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 #[cfg(test)]
@@ -433,6 +442,25 @@ mod tests {
         assert!(text.contains(r#""reply":"error""#), "{text}");
         assert!(text.contains(r#""error":"limit-exceeded""#), "{text}");
         assert_eq!(serde_json::from_str::<Reply>(&text).unwrap(), err);
+        // Every refusal serialises (an internally tagged enum cannot hold a bare string).
+        for e in [
+            ControlError::NoHello,
+            ControlError::NoRange,
+            ControlError::NoFreeRange { quarantined: 1 },
+            ControlError::AlreadyHasRange { slot: 3 },
+            ControlError::Forbidden { reason: "x".into() },
+            ControlError::NotImplemented { what: "x".into() },
+            ControlError::BadRequest { reason: "x".into() },
+            ControlError::VersionMismatch {
+                client_major: 2,
+                daemon_major: 1,
+                daemon_minor: 0,
+            },
+        ] {
+            let r = Reply::Error(e);
+            let text = serde_json::to_string(&r).unwrap();
+            assert_eq!(serde_json::from_str::<Reply>(&text).unwrap(), r);
+        }
     }
 
     /// A newer minor version's unknown fields are ignored, and missing optional ones default.

@@ -94,16 +94,17 @@ pub fn peer_pidfd(sock: &UnixStream) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Whether the process behind a pidfd has exited (the pidfd is readable), without waiting.
-pub fn pidfd_exited(pidfd: BorrowedFd<'_>) -> bool {
+/// Whether the process behind a pidfd has exited (the pidfd is readable), waiting at most
+/// `wait` (the kernel closes a dying process's sockets a little before it marks it exited).
+pub fn pidfd_exited(pidfd: BorrowedFd<'_>, wait: std::time::Duration) -> bool {
     let mut pfd = libc::pollfd {
         fd: pidfd.as_raw_fd(),
         events: libc::POLLIN,
         revents: 0,
     };
     #[allow(unsafe_code)]
-    // SAFETY: one valid pollfd, count 1, no wait.
-    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    // SAFETY: one valid pollfd, count 1.
+    let n = unsafe { libc::poll(&mut pfd, 1, wait.as_millis().min(60_000) as libc::c_int) };
     n == 1 && pfd.revents & libc::POLLIN != 0
 }
 

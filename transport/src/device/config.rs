@@ -82,6 +82,9 @@ pub struct DeviceConfig {
     /// Never use the rocectl daemon: the device binds its address alone, as when no daemon
     /// runs (also forced by `ROCECTL_EXCLUSIVE=1`). See [`crate::control`].
     pub exclusive: bool,
+    /// The rocectl daemon's socket; default: `ROCECTL_DAEMON_SOCKET`, else
+    /// `/run/rocectl/rocectl.sock`.
+    pub daemon_socket: Option<PathBuf>,
 }
 
 impl DeviceConfig {
@@ -98,6 +101,7 @@ impl DeviceConfig {
             max_mr: 1 << 16,
             clock: None,
             exclusive: false,
+            daemon_socket: None,
         }
     }
 
@@ -156,6 +160,13 @@ impl DeviceConfig {
     /// Opens the device in the in-process exclusive mode even when the rocectl daemon runs.
     pub fn exclusive(mut self) -> Self {
         self.exclusive = true;
+        self
+    }
+
+    /// Uses the rocectl daemon listening at `path` (instead of `ROCECTL_DAEMON_SOCKET` or
+    /// `/run/rocectl/rocectl.sock`).
+    pub fn daemon_socket(mut self, path: impl Into<PathBuf>) -> Self {
+        self.daemon_socket = Some(path.into());
         self
     }
 

@@ -118,8 +118,12 @@ impl Device {
             (None, Backend::Sim { net, .. }) => net.clock().clone(),
             (None, _) => clock::system(),
         };
-        let (backend, daemon) =
-            crate::control::attach(config.backend, config.exclusive, &config.name)?;
+        let (backend, daemon) = crate::control::attach(
+            config.backend,
+            &config.daemon_socket,
+            config.exclusive,
+            &config.name,
+        )?;
         let dp = open_backend(backend)?;
         let caps = dp.caps();
         let local = dp.local_addr();

@@ -4,6 +4,8 @@
 # over loopback and a veth pair between two namespaces it creates (root needed; without root it
 # runs over loopback only). About 5 minutes, bounded by --budget (default 540 s). Prints one
 # table; writes benches/results/latest.{json,md}. Extra arguments go to bench-all (--help).
+# Then bench-dropin: perftest on the drop-in libibverbs.so.1 vs rocectl's own tools
+# (benches/results/dropin.{json,md}).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,3 +33,15 @@ trap 'for ns in $(ip netns list 2>/dev/null | grep -o "^roce-bench-[0-9]*-[0-9]*
 cargo build -q -p rocectl --release
 export ROCECTL="$PWD/target/release/rocectl"
 cargo run -q -p roce-benches --release --bin bench-all -- "${args[@]}" "$@"
+
+# Issue 13: the unmodified perftest binaries on the drop-in libibverbs.so.1 vs rocectl's own
+# write-bw/send-lat, same options, same veth pair (root; needs perftest and verbs/build-so.sh).
+# Writes benches/results/dropin.{json,md}; a failure here does not undo the table above.
+if [ "$(id -u)" = 0 ] && [ -f verbs/build-so.sh ]; then
+    command -v ib_write_bw >/dev/null 2>&1 || {
+        export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq perftest ibverbs-utils >/dev/null; }
+    bash verbs/build-so.sh >/dev/null
+    cargo run -q -p roce-benches --release --bin bench-dropin || echo "run.sh: bench-dropin failed" >&2
+else
+    echo "run.sh: skipping bench-dropin (needs root and verbs/build-so.sh)" >&2
+fi

@@ -9,6 +9,11 @@
 //! given is the one used: a `--lib-dir` or variable naming a directory without the library is
 //! an error, never a silent fall-back.
 //!
+//! `--dev-nodes` runs the command in a private mount namespace where every device of the
+//! library has a character device `/dev/infiniband/<dev_name>` and its sysfs files under
+//! `/sys/class/infiniband/<name>/` (for UCX, which checks both); nothing changes outside it
+//! (see [`crate::devns`]).
+//!
 //! Exit statuses of rocectl itself, as `env(1)`'s: 2 when the library is not found, 127 when
 //! CMD is not found, 126 when it cannot be run. Setuid programs ignore `LD_LIBRARY_PATH`
 //! (the loader's secure mode), so they keep the system library.
@@ -31,6 +36,11 @@ pub(crate) struct ExecArgs {
     /// rocectl-verbs/ next to the rocectl executable)
     #[arg(long, value_name = "DIR")]
     lib_dir: Option<PathBuf>,
+    /// Run CMD in a private mount namespace with /dev/infiniband/uverbsN (an alias of
+    /// /dev/null) and /sys/class/infiniband/<name>/ files for each device: what UCX checks
+    /// for. Nothing changes outside the command. Root, or unprivileged user namespaces.
+    #[arg(long)]
+    dev_nodes: bool,
     /// The program and its arguments (after `--`), e.g. `-- ibv_devinfo -v`
     #[arg(
         value_name = "CMD",
@@ -110,6 +120,12 @@ pub(crate) fn run(args: &ExecArgs) -> ExitCode {
         .command
         .split_first()
         .expect("clap requires at least one CMD word");
+    if args.dev_nodes {
+        if let Err(msg) = crate::devns::enter() {
+            eprintln!("rocectl: error: --dev-nodes: {msg}");
+            return ExitCode::from(2);
+        }
+    }
     let path = library_path(&dir, std::env::var_os("LD_LIBRARY_PATH").as_deref());
     let err = Command::new(program)
         .args(rest)

@@ -31,6 +31,7 @@ mod daemon;
 mod demo;
 mod device;
 mod devinfo;
+mod devns;
 mod exec;
 mod limits;
 mod oob;

@@ -441,13 +441,13 @@ fn a_killed_client_is_reaped_and_its_range_reused_only_after_quarantine() {
         return;
     }
     let ns = TempNetns::create("dmn-kill").unwrap();
-    // One client range (2^23 QPNs: slots 0 = the daemon's, 1), 1.5 s of quarantine.
+    // 16 ranges of 2^20 QPNs (range 0 is the daemon's), 1.5 s of quarantine.
     let quarantine = Duration::from_millis(1500);
     let d = Daemon::start(
         "kill",
         Some(&ns),
         &format!(
-            "[qpn]\nrange_size = 8388608\nquarantine_ms = {}\n",
+            "[qpn]\nrange_size = 1048576\nquarantine_ms = {}\n",
             quarantine.as_millis()
         ),
     );
@@ -462,7 +462,20 @@ fn a_killed_client_is_reaped_and_its_range_reused_only_after_quarantine() {
         (!rows.is_empty()).then_some(rows)
     });
     let lqpn = qps[0]["lqpn"].as_u64().unwrap();
-    assert!((0x80_0000..=0xFF_FFFF).contains(&lqpn), "{lqpn:#x}");
+    assert!((0x10_0000..=0x1F_FFFF).contains(&lqpn), "{lqpn:#x}");
+    // The 14 other ranges go to placeholder clients of this process, so that the only range
+    // left to hand out after A dies is A's.
+    let mut holders = Vec::new();
+    for _ in 0..14 {
+        let mut c = Connection::connect(&d.socket, Hello::new(Role::Device)).unwrap();
+        let r = c
+            .call(&Request::AllocRange {
+                device: "placeholder".into(),
+            })
+            .unwrap();
+        assert!(matches!(r, Reply::Lease(_)), "{r:?}");
+        holders.push(c);
+    }
     let killed = Instant::now();
     signal(pid, "-KILL");
     wait_for(
@@ -485,6 +498,7 @@ fn a_killed_client_is_reaped_and_its_range_reused_only_after_quarantine() {
     let daemon = stat.last().unwrap();
     assert_eq!(daemon["clients-reaped"], 1, "{daemon}");
     assert_eq!(daemon["slots-quarantined"], 1, "{daemon}");
+    assert_eq!(daemon["slots-free"], 0, "{daemon}");
     // During the quarantine: no range for a new client.
     let b = pingpong_server(&ns, &d, false, 18_612);
     let out = b.wait(Duration::from_secs(10));
@@ -508,7 +522,7 @@ fn a_killed_client_is_reaped_and_its_range_reused_only_after_quarantine() {
         (!r.is_empty()).then_some(r)
     });
     assert_eq!(rows[0]["slot"], 1);
-    assert_eq!(rows[0]["qpn-range"], "0x800000-0xffffff");
+    assert_eq!(rows[0]["qpn-range"], "0x100000-0x1fffff");
     assert!(
         d.log().contains("QPN range out of quarantine"),
         "{}",

@@ -131,3 +131,58 @@ fn no_command_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("CMD"), "{}", text(&out.stderr));
 }
+
+#[test]
+fn dev_nodes_exist_inside_the_command_only() {
+    const TEST: &str = "dev_nodes_exist_inside_the_command_only";
+    if !roce_testkit::require_root(TEST, "unshare(CLONE_NEWNS) and mounts") {
+        return;
+    }
+    let dir = lib_dir("devnodes", true);
+    let d = dir.to_str().unwrap();
+    let script = "stat -c '%F %t:%T %a' /dev/infiniband/uverbs0 /dev/infiniband/uverbs1; \
+                  cat /sys/class/infiniband/rocectl_dn1/ports/1/gid_attrs/types/0 \
+                      /sys/class/infiniband/rocectl_dn1/ports/1/link_layer; \
+                  test -e /dev/null && test -d /proc/self && echo ok";
+    let out = rocectl(
+        &[
+            "exec",
+            "--lib-dir",
+            d,
+            "--dev-nodes",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+        &[("ROCECTL_VERBS_DEVICES", "rocectl_dn0=lo,rocectl_dn1=lo")],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "character special file 1:3 666\ncharacter special file 1:3 666\nRoCE v2\nEthernet\nok\n"
+    );
+    // Nothing changed outside the command.
+    for p in [
+        "/sys/class/infiniband/rocectl_dn0",
+        "/sys/class/infiniband/rocectl_dn1",
+    ] {
+        assert!(!std::path::Path::new(p).exists(), "{p} exists outside");
+    }
+    if !std::path::Path::new("/dev/infiniband").exists() {
+        // (A host with real RDMA devices has its own /dev/infiniband.)
+        let out = rocectl(
+            &[
+                "exec",
+                "--lib-dir",
+                d,
+                "--",
+                "test",
+                "-e",
+                "/dev/infiniband",
+            ],
+            &[],
+        );
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    }
+}

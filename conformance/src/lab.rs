@@ -1007,9 +1007,9 @@ impl Lab {
                 mark(r, "wait for the guest server");
             }
             Side::Host => {
-                let server = self.spawn_ns(&r.host_cmd)?;
+                let mut server = self.spawn_ns(&r.host_cmd)?;
                 mark(r, "start our server");
-                if let Err(e) = self.wait_port_ns(OOB_PORT, t.port) {
+                if let Err(e) = wait_port_of(&mut server, OOB_PORT, t.port) {
                     r.host = Some(server.wait(Duration::ZERO));
                     return Err(e);
                 }
@@ -1112,6 +1112,32 @@ impl Drop for Lab {
                 eprintln!("lab: teardown failed: {e}");
             }
         }
+    }
+}
+
+/// Waits until something listens on TCP `port` in the namespace of `server` (its
+/// `/proc/PID/net/tcp` lists the whole namespace's sockets, so the shell around the program
+/// does as well); fails at once when the server exits first (a tool that cannot open its device
+/// does not cost the whole port limit).
+fn wait_port_of(server: &mut Proc, port: u16, limit: Duration) -> Result<(), LabError> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if roce_testkit::proc::listening(server.pid(), port) {
+            return Ok(());
+        }
+        let exited = server.exited();
+        if exited || Instant::now() >= deadline {
+            return Err(LabError::Failed {
+                what: format!("waiting for TCP port {port} in the namespace"),
+                status: if exited {
+                    "our server ended first".to_owned()
+                } else {
+                    format!("nothing listened within {limit:?}")
+                },
+                output: server.stderr_so_far(),
+            });
+        }
+        sleep(Duration::from_millis(10));
     }
 }
 

@@ -269,9 +269,9 @@ const fn all(name: &'static str, tool: Tool, args: &'static str) -> Variant {
 }
 
 /// The matrix: each pingpong default, `-e`, `--chk`, `-m 1024` and `-m 4096` (over the MTU 9000
-/// veth; `ibv_ud_pingpong` has no `-m`: it sends at the port's active MTU, so its MTU-4096 row
-/// is its default size 2048 and 4000 bytes on the jumbo veth, and its MTU-1024 rows use
-/// `-s 512`); each perftest tool RC, `-a`, `-e` (send, read, atomic and the send/read latency
+/// veth; `ibv_ud_pingpong` has no `-m`: a message must fit the port's active MTU, so its
+/// MTU-1024 rows use `-s 512` and its jumbo rows its default size (1024: `ud_pingpong.c` sets
+/// 1024 although its `--help` says 2048) and 4000 bytes); each perftest tool RC, `-a`, `-e` (send, read, atomic and the send/read latency
 /// tools: `ib_write_bw`/`ib_write_lat` have no `-e`), UC (send, write) and UD (send), both
 /// atomics. Small iteration counts: a case is about its conversation, not its figure.
 pub const VARIANTS: &[Variant] = &[
@@ -463,7 +463,7 @@ fn argv_what(argv: &[String]) -> String {
 }
 
 /// A command line as the README shows it: paths inside the workspace made relative, the
-/// namespace named.
+/// namespace's side named (`[ns a] ...`: servers run in namespace a, clients in b).
 pub fn show_command(paths: &DropinPaths, node: &Node, argv: &[String]) -> String {
     let ws = paths.workspace.display().to_string();
     let line = argv
@@ -479,7 +479,16 @@ pub fn show_command(paths: &DropinPaths, node: &Node, argv: &[String]) -> String
         })
         .collect::<Vec<_>>()
         .join(" ");
-    format!("[{}] {line}", node.netns.name())
+    format!("[{}] {line}", side_label(node.netns.name()))
+}
+
+/// `roce-dropin-4242-0-a` → `ns a` (the test kit's pair names end in the side; the pid and
+/// counter in the middle change from run to run and would only make the README's diff noisy).
+fn side_label(ns: &str) -> String {
+    match ns.rsplit_once('-') {
+        Some((_, side)) if side.len() == 1 => format!("ns {side}"),
+        _ => ns.to_owned(),
+    }
 }
 
 /// The index of the GID `::ffff:<ipv4>` in `ibv_devinfo -v` / `rocectl devinfo -v` output
@@ -600,7 +609,9 @@ pub fn check_perftest(out: &str) -> Result<String, String> {
     let Some(first) = rows.first() else {
         return Err("the result table has no row".to_owned());
     };
-    if let Some(zero) = rows.iter().find(|r| r.value <= 0.0) {
+    // perftest prints two decimals: a tiny message's bandwidth (2 bytes, 5 iterations, the
+    // first size of -a) shows as 0.00 MB/s while its message rate is not zero.
+    if let Some(zero) = rows.iter().find(|r| r.value <= 0.0 && r.second <= 0.0) {
         return Err(format!("a zero result for {} bytes", zero.bytes));
     }
     let unit = match kind {
@@ -622,17 +633,31 @@ pub fn check_perftest(out: &str) -> Result<String, String> {
     })
 }
 
-/// The last line of `o` worth quoting (stderr first, where the tools complain).
+/// What `o` said that is worth quoting in one line: its error lines (standard error, where the
+/// tools complain; standard output when that is empty), the first and the last when there are
+/// several (`Couldn't allocate PD … Couldn't create IB resources`), without perftest's banners.
 pub fn last_words(o: &Output) -> String {
-    let pick = |s: &str| {
+    let meaningful = |s: &str| -> Vec<String> {
         s.lines()
             .map(str::trim)
-            .rfind(|l| !l.is_empty() && !l.chars().all(|c| c == '-' || c == '*'))
+            .filter(|l| {
+                !l.is_empty()
+                    && !l.chars().all(|c| c == '-' || c == '*')
+                    && !l.contains("Waiting for client to connect")
+            })
             .map(str::to_owned)
+            .collect()
     };
-    pick(&o.stderr)
-        .or_else(|| pick(&o.stdout))
-        .unwrap_or_else(|| "no output".to_owned())
+    let mut lines = meaningful(&o.stderr);
+    if lines.is_empty() {
+        lines = meaningful(&o.stdout);
+    }
+    match lines.as_slice() {
+        [] => "no output".to_owned(),
+        [one] => one.clone(),
+        [first, .., last] if first == last => first.clone(),
+        [first, .., last] => format!("{first} … {last}"),
+    }
 }
 
 /// One case to run: a variant, who serves and who connects.
@@ -1127,7 +1152,10 @@ pub fn render_section(report: &StockReport) -> String {
                 c.figure.as_deref().map_or("-".to_owned(), md_cell)
             );
         }
-        let _ = writeln!(s, "\nCommands (`[namespace] command`):\n");
+        let _ = writeln!(
+            s,
+            "\nCommands (`[ns a]`: the server's namespace, `[ns b]`: the client's):\n"
+        );
         for c in &p.checks {
             let _ = writeln!(s, "- `{}`: `{}`", c.name, c.cmd);
         }
@@ -1224,6 +1252,15 @@ mod tests {
             " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n \
                     65536      200              0.00            0.00\t\t   0.000000\n---\n";
         assert!(check_perftest(zero).unwrap_err().contains("zero"));
+        // -a's first size: 2 bytes x 5 shows 0.00 MB/s, but messages did go through.
+        let tiny =
+            " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n \
+                    2          5                0.00               0.00   \t\t   0.000768\n \
+                    4          5                0.11               0.08   \t\t   0.021892\n---\n";
+        assert_eq!(
+            check_perftest(tiny).unwrap(),
+            "2 sizes, 2 B: 0.00 … 4 B: 0.08 MB/s"
+        );
     }
 
     #[test]
@@ -1262,7 +1299,7 @@ mod tests {
             rocectl: PathBuf::from("/ws/target/release/rocectl"),
         };
         let node = Node {
-            netns: Netns::named("ns-a"),
+            netns: Netns::named("roce-dropin-4242-0-a"),
             ifname: "veth-a".to_owned(),
             ipv4: Ipv4Addr::new(10, 1, 2, 1),
             stock_gid: Some(1),
@@ -1279,7 +1316,7 @@ mod tests {
         );
         assert_eq!(
             show_command(&paths, &node, &stock),
-            "[ns-a] LD_LIBRARY_PATH=target/release/rocectl-verbs ib_send_bw -d rocectl_veth-a \
+            "[ns a] LD_LIBRARY_PATH=target/release/rocectl-verbs ib_send_bw -d rocectl_veth-a \
              -x 1 -p 18600 -n 100 -c UD -F 10.1.2.2"
         );
         let ours = node.argv(
@@ -1291,8 +1328,27 @@ mod tests {
         );
         assert_eq!(
             show_command(&paths, &node, &ours),
-            "[ns-a] target/release/rocectl send-bw -d veth-a -x 1 -p 18600 -n 100 -c UD -F"
+            "[ns a] target/release/rocectl send-bw -d veth-a -x 1 -p 18600 -n 100 -c UD -F"
         );
+    }
+
+    #[test]
+    fn quotes_the_first_and_last_error_lines() {
+        let o = Output {
+            code: Some(1),
+            stdout: "\n****\n* Waiting for client to connect... *\n****\n".to_owned(),
+            stderr: "Couldn't allocate PD\n Couldn't create IB resources\n".to_owned(),
+            ..Output::default()
+        };
+        assert_eq!(
+            last_words(&o),
+            "Couldn't allocate PD … Couldn't create IB resources"
+        );
+        let quiet = Output {
+            stdout: "****\n* Waiting for client to connect... *\n".to_owned(),
+            ..Output::default()
+        };
+        assert_eq!(last_words(&quiet), "no output");
     }
 
     #[test]

@@ -157,11 +157,10 @@ fn rdma_core_tests_on_the_dropin() {
         (
             "device".to_owned(),
             format!(
-                "{} ({} {} in namespace {}), GID index {}",
+                "{} ({} {} in namespace a of a veth pair), GID index {}",
                 node.device(),
                 node.ifname,
                 node.ipv4,
-                node.netns,
                 node.stock_gid
                     .map_or("not found: tests pick their own".to_owned(), |g| g
                         .to_string())

@@ -146,10 +146,9 @@ fn stock_tools_on_the_dropin() {
         environment.push((
             format!("{what}: server side"),
             format!(
-                "{} {} in {}, GID index {} (drop-in), {} (rocectl)",
+                "{} {} in ns a, GID index {} (drop-in), {} (rocectl)",
                 link.server.ifname,
                 link.server.ipv4,
-                link.server.netns,
                 gid(link.server.stock_gid),
                 gid(link.server.ours_gid)
             ),
@@ -157,10 +156,9 @@ fn stock_tools_on_the_dropin() {
         environment.push((
             format!("{what}: client side"),
             format!(
-                "{} {} in {}, GID index {} (drop-in), {} (rocectl)",
+                "{} {} in ns b, GID index {} (drop-in), {} (rocectl)",
                 link.client.ifname,
                 link.client.ipv4,
-                link.client.netns,
                 gid(link.client.stock_gid),
                 gid(link.client.ours_gid)
             ),
@@ -225,4 +223,63 @@ fn stock_tools_on_the_dropin() {
         out.display(),
         failed.join("\n")
     );
+}
+
+/// The harness's own check: with rocectl's tools on both sides (no drop-in involved), the same
+/// case runner passes RC pingpong and SEND bandwidth, so a failing stock case is the drop-in's,
+/// not the runner's.
+#[test]
+fn the_runner_passes_rocectl_against_itself() {
+    const TEST: &str = "the_runner_passes_rocectl_against_itself";
+    if std::env::var("ROCE_DROPIN").as_deref() != Ok("1") {
+        eprintln!("{TEST}: skipped; set ROCE_DROPIN=1");
+        return;
+    }
+    if !netns_or_skip(TEST) {
+        return;
+    }
+    let paths = DropinPaths::from_env();
+    if !paths.rocectl.is_file() {
+        roce_testkit::skip(
+            TEST,
+            format!(
+                "{} is missing (cargo build --release -p rocectl)",
+                paths.rocectl.display()
+            ),
+        );
+        return;
+    }
+    let out = out_dir(&paths).join("self");
+    let link = DropinLink::create("dropinself", 1500, &paths, true, &out)
+        .unwrap_or_else(|e| panic!("creating the veth pair: {e}"));
+    for (i, name) in ["rc_pingpong_chk", "send_bw"].into_iter().enumerate() {
+        let variant = *VARIANTS
+            .iter()
+            .find(|v| v.name == name)
+            .unwrap_or_else(|| panic!("no variant {name}"));
+        let spec = CaseSpec {
+            id: format!("self:{name}"),
+            variant,
+            server: Impl::Ours,
+            client: Impl::Ours,
+        };
+        let port = 19_450 + u16::try_from(i).unwrap_or(0);
+        let r = run_case(
+            &paths,
+            &link.server,
+            &link.client,
+            &spec,
+            port,
+            CaseTimeouts::default(),
+            &out,
+        );
+        assert!(
+            r.passed(),
+            "{}: {}\n{}",
+            r.id,
+            r.failure.as_deref().unwrap_or(""),
+            r.report()
+        );
+        assert!(r.figure.is_some(), "{}: no figure", r.id);
+    }
 }

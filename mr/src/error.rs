@@ -166,6 +166,12 @@ pub enum RegisterError {
         /// The key presented.
         key: Key,
     },
+    /// Re-registration of a region that memory windows are bound to.
+    #[error("memory windows are bound to region {key}")]
+    WindowsBound {
+        /// The key presented.
+        key: Key,
+    },
 }
 
 /// Why deregistering a region or deallocating a window failed.

@@ -285,6 +285,102 @@ impl MrTable {
         self.register_memory(pd, mem, iova, access)
     }
 
+    /// Re-registers the region `key` (`ibv_rereg_mr`) over caller memory `ptr .. ptr + len`
+    /// at `iova`, in `pd`, with `access`, keeping its lkey and rkey (as rxe and mlx5 do, so
+    /// keys already given to peers stay valid). Like [`deregister`](Self::deregister), it
+    /// waits until every in-flight access to the old mapping has finished; after it returns
+    /// only the new mapping is reachable, and the old memory is released as at
+    /// deregistration (freed if the table owned it). On error nothing changed.
+    ///
+    /// # Safety
+    ///
+    /// As [`register_raw`](Self::register_raw), for the new memory.
+    ///
+    /// # Errors
+    ///
+    /// The checks of [`register_raw`](Self::register_raw); [`RegisterError::UnknownKey`] (no
+    /// region at the key, a stale key, a window, a fast-registration region);
+    /// [`RegisterError::WindowsBound`].
+    #[allow(unsafe_code)]
+    pub unsafe fn reregister_raw(
+        &self,
+        key: Key,
+        pd: Pd,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<(), RegisterError> {
+        validate(iova, len as u64, access)?;
+        // SAFETY: forwarded to our caller's contract, which is `Memory::raw`'s.
+        let mem = unsafe { Memory::raw(ptr, len) }.ok_or(RegisterError::NullPointer)?;
+        // The new PD is counted before the swap and the old one released after it: the
+        // control lock is never held with a slot lock.
+        self.hold_pd(pd)?;
+        match self.replace_user_mr(key, pd, mem, iova, access) {
+            Ok(old) => {
+                let old_pd = old.pd;
+                drop(old);
+                self.unhold_pd(old_pd);
+                Ok(())
+            }
+            Err(e) => {
+                self.unhold_pd(pd);
+                Err(e)
+            }
+        }
+    }
+
+    /// Swaps the user region at `key` for a new mapping under the slot's write lock; returns
+    /// the old region.
+    fn replace_user_mr(
+        &self,
+        key: Key,
+        pd: Pd,
+        mem: Memory,
+        iova: u64,
+        access: Access,
+    ) -> Result<Mr, RegisterError> {
+        let slot = self.slot(key).ok_or(RegisterError::UnknownKey { key })?;
+        let mut entry = write(slot);
+        let stale = entry.key != key.key8();
+        let Object::Mr(mr) = &mut entry.obj else {
+            return Err(RegisterError::UnknownKey { key });
+        };
+        if stale || mr.kind != MrKind::User {
+            return Err(RegisterError::UnknownKey { key });
+        }
+        if slot.mw_refs.load(Ordering::Acquire) != 0 {
+            return Err(RegisterError::WindowsBound { key });
+        }
+        let len = mem.len() as u64;
+        let new = Mr {
+            pd,
+            kind: MrKind::User,
+            mem,
+            valid: true,
+            offset: 0,
+            iova,
+            len,
+            access,
+        };
+        Ok(core::mem::replace(mr, new))
+    }
+
+    /// Counts one more object in `pd`.
+    fn hold_pd(&self, pd: Pd) -> Result<(), RegisterError> {
+        let mut ctrl = self.ctrl();
+        *ctrl.pds.get_mut(&pd.0).ok_or(RegisterError::UnknownPd)? += 1;
+        Ok(())
+    }
+
+    /// Undoes [`Self::hold_pd`].
+    fn unhold_pd(&self, pd: Pd) {
+        if let Some(users) = self.ctrl().pds.get_mut(&pd.0) {
+            *users -= 1;
+        }
+    }
+
     /// Allocates `capacity` zeroed bytes for a fast-registration region (`ib_alloc_mr`). It
     /// starts invalid; [`fast_reg`](Self::fast_reg) makes it valid, [`invalidate_local`] and
     /// [`invalidate_remote`] invalid again. Returns its key (the index matters, the 8-bit key
@@ -1469,6 +1565,75 @@ mod tests {
         drop(c);
         t.deregister(k).unwrap();
         assert_eq!(backing[1], 41);
+    }
+
+    #[test]
+    #[allow(unsafe_code)]
+    fn reregistration_keeps_the_key_and_moves_the_mapping() {
+        let (t, pd) = table();
+        let pd2 = t.alloc_pd();
+        let mut a = vec![0u64; 4];
+        let mut b = vec![0u64; 8];
+        let (pa, pb) = (a.as_mut_ptr().cast::<u8>(), b.as_mut_ptr().cast::<u8>());
+        // SAFETY (every raw call below): `a` and `b` outlive the region, deregistered at the
+        // end before they are read.
+        let k = unsafe { t.register_raw(pd, pa, 32, 0x1000, ALL_REMOTE) }.unwrap();
+        // Refused requests change nothing.
+        let bad = unsafe { t.reregister_raw(k, pd2, pb, 64, 0x2000, Access::REMOTE_WRITE) };
+        assert_eq!(
+            bad,
+            Err(RegisterError::InvalidAccess {
+                access: Access::REMOTE_WRITE
+            })
+        );
+        let unknown = Pd(pd2.0 + 100);
+        let bad = unsafe { t.reregister_raw(k, unknown, pb, 64, 0x2000, RW) };
+        assert_eq!(bad, Err(RegisterError::UnknownPd));
+        let stale = k.with_key8(k.key8() ^ 1);
+        let bad = unsafe { t.reregister_raw(stale, pd2, pb, 64, 0x2000, RW) };
+        assert_eq!(bad, Err(RegisterError::UnknownKey { key: stale }));
+        let fr = t.alloc_mr(pd, 64).unwrap();
+        let bad = unsafe { t.reregister_raw(fr, pd2, pb, 64, 0x2000, RW) };
+        assert_eq!(bad, Err(RegisterError::UnknownKey { key: fr }));
+        t.deregister(fr).unwrap();
+        assert!(t
+            .check(REMOTE, k, pd, 0x1008, 8, Access::REMOTE_ATOMIC)
+            .is_ok());
+        assert_eq!(t.dealloc_pd(pd2), Ok(()));
+        let pd2 = t.alloc_pd();
+        // New memory, IOVA, PD and rights under the same key.
+        unsafe { t.reregister_raw(k, pd2, pb, 64, 0x2000, RW) }.unwrap();
+        assert_eq!(
+            err(t.check(REMOTE, k, pd, 0x2000, 8, Access::REMOTE_WRITE)),
+            AccessError::PdMismatch { key: k }
+        );
+        assert!(matches!(
+            err(t.check(REMOTE, k, pd2, 0x1000, 8, Access::REMOTE_WRITE)),
+            AccessError::OutOfBounds { .. }
+        ));
+        assert!(matches!(
+            err(t.check(REMOTE, k, pd2, 0x2000, 8, Access::REMOTE_ATOMIC)),
+            AccessError::AccessDenied { .. }
+        ));
+        t.check(REMOTE, k, pd2, 0x2038, 8, Access::REMOTE_WRITE)
+            .unwrap()
+            .write(0, &[7; 8])
+            .unwrap();
+        // The PD counts moved with the region.
+        assert_eq!(t.dealloc_pd(pd), Ok(()));
+        assert_eq!(t.dealloc_pd(pd2), Err(PdError::Busy { users: 1 }));
+        // A bound window holds the mapping.
+        let pd3 = t.alloc_pd();
+        let k3 = t.register_zeroed(pd3, 64, 0, BIND).unwrap();
+        let mw = t.alloc_mw(pd3, MwType::Type1).unwrap();
+        t.bind_mw(mw, pd3, Qpn::new(1), bind(k3, 0, 8, Access::REMOTE_READ, 5))
+            .unwrap();
+        let bad = unsafe { t.reregister_raw(k3, pd3, pb, 64, 0x3000, BIND) };
+        assert_eq!(bad, Err(RegisterError::WindowsBound { key: k3 }));
+        t.deregister(k).unwrap();
+        assert_eq!(t.dealloc_pd(pd2), Ok(()));
+        assert_eq!(a, [0; 4]);
+        assert_eq!(b[7], 0x0707_0707_0707_0707);
     }
 
     #[test]

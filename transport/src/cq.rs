@@ -106,6 +106,26 @@ impl CqShared {
         *lock(&self.notifier) = f;
     }
 
+    /// Removes the completions of QP `qpn` still waiting (a QP reset: mlx4 and mlx5 clean
+    /// their CQs the same way, `mlx5_cq_clean`); returns how many. Others keep their order.
+    pub(crate) fn purge(&self, qpn: Qpn) -> usize {
+        let mut q = lock(&self.queue);
+        let total = q.len();
+        let mut kept = Vec::with_capacity(total);
+        while let Some(c) = q.poll() {
+            if c.qp_num != qpn {
+                kept.push(c);
+            }
+        }
+        let removed = total - kept.len();
+        for c in kept {
+            // INVARIANT: the queue held at least these entries a moment ago, under this lock.
+            q.push(c)
+                .expect("INVARIANT: the kept completions fit where they were");
+        }
+        removed
+    }
+
     /// Gives the queue a new depth, keeping the completions waiting.
     ///
     /// # Errors

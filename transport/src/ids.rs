@@ -9,7 +9,8 @@
 //! generator is then seeded from that value and two devices with the same seed draw the same
 //! numbers in the same order.
 //!
-//! QPNs are drawn at random from `MIN_QPN..=MAX_QPN` (24 bits, never 0/1, which are SMI/GSI,
+//! QPNs are drawn at random from `MIN_QPN..=MAX_QPN` (or, under kernel demux, from the
+//! process's slot of it: [`Ids::restrict`]) (24 bits, never 0/1, which are SMI/GSI,
 //! nor the multicast QPN 0xFF_FFFF), unique among the live QPs, and a freed QPN is not handed
 //! out again until [`QUARANTINE`] later QPs have been destroyed, so a stale packet or a late
 //! peer of a destroyed QP does not land in its successor.
@@ -65,13 +66,14 @@ impl Ids {
         })
     }
 
-    /// Draws QPNs only from `base .. base + count` (the range the rocectl daemon leased),
-    /// still never 0, 1 or the multicast QPN.
-    pub(crate) fn restrict(&mut self, base: u32, count: u32) {
-        self.min = base.max(MIN_QPN);
-        self.max = base
-            .saturating_add(count.max(1) - 1)
-            .clamp(self.min, MAX_QPN.max(self.min));
+    /// Hands out QPNs from `range` only (kernel demux: this process's slot), clipped to
+    /// `MIN_QPN..=MAX_QPN`; an empty result leaves the full range.
+    pub(crate) fn restrict(&mut self, range: std::ops::RangeInclusive<u32>) {
+        let (min, max) = ((*range.start()).max(MIN_QPN), (*range.end()).min(MAX_QPN));
+        if min <= max {
+            self.min = min;
+            self.max = max;
+        }
     }
 
     /// 64 random bits (the key table's seed).
@@ -182,6 +184,26 @@ mod tests {
         let a: Vec<u32> = (0..100).map(|_| ids.alloc_qpn().unwrap()).collect();
         let adjacent = a.windows(2).filter(|w| w[1] == w[0] + 1).count();
         assert!(adjacent < 3, "{adjacent} sequential pairs in {a:x?}");
+    }
+
+    #[test]
+    fn a_restricted_allocator_stays_in_its_range_and_is_random_in_it() {
+        let mut ids = Ids::new(None).unwrap();
+        ids.restrict(0x2_0000..=0x2_FFFF);
+        let got: Vec<u32> = (0..1_000).map(|_| ids.alloc_qpn().unwrap()).collect();
+        assert!(
+            got.iter().all(|q| (0x2_0000..=0x2_FFFF).contains(q)),
+            "{got:x?}"
+        );
+        let adjacent = got.windows(2).filter(|w| w[1] == w[0] + 1).count();
+        assert!(adjacent < 3, "{adjacent} sequential pairs");
+        // Slot 0: the reserved QPNs stay out.
+        let mut ids = Ids::new(Some(3)).unwrap();
+        ids.restrict(0..=0x1F);
+        let mut got: Vec<u32> = (0..16).map(|_| ids.alloc_qpn().unwrap()).collect();
+        got.sort_unstable();
+        assert_eq!(got, (MIN_QPN..=0x1F).collect::<Vec<_>>());
+        assert_eq!(ids.alloc_qpn(), None);
     }
 
     #[test]

@@ -72,6 +72,27 @@ pub fn udp_port_owner(addr: SocketAddr) -> PortOwner {
     owner_in(Path::new("/proc"), addr)
 }
 
+/// The owner uids of the UDP sockets bound exactly to `addr` in the calling thread's network
+/// namespace (as `/proc/thread-self/net/udp{,6}` shows them: `/proc/net` is the main
+/// thread's; empty when none or unreadable). For the kernel-demux error: a reuseport group
+/// only takes sockets of its owner's uid.
+pub(crate) fn udp_socket_uids(addr: SocketAddr) -> Vec<u32> {
+    let mut uids = Vec::new();
+    for table in ["/proc/thread-self/net/udp", "/proc/thread-self/net/udp6"] {
+        if let Ok(text) = fs::read_to_string(table) {
+            uids.extend(
+                parse_table(&text)
+                    .into_iter()
+                    .filter(|s| s.local == addr)
+                    .map(|s| s.uid),
+            );
+        }
+    }
+    uids.sort_unstable();
+    uids.dedup();
+    uids
+}
+
 /// [`udp_port_owner`] under the `/proc` at `proc`.
 fn owner_in(proc: &Path, addr: SocketAddr) -> PortOwner {
     let mut sockets = Vec::new();

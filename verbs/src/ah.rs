@@ -149,6 +149,8 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
             }),
             ah,
         });
+        // The PD cannot be deallocated while the AH uses it (EBUSY).
+        pd_rec.hold();
         Ok(Box::into_raw(rec).cast::<ibv_ah>())
     })
 }
@@ -165,7 +167,12 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         }
         // SAFETY: per the contract, `ah` came from `Box::into_raw` in `ibv_create_ah`. A UD
         // send copies the address vector when it is posted, so nothing refers to it.
-        drop(unsafe { Box::from_raw(ah.cast::<AhRec>()) });
+        let rec = unsafe { Box::from_raw(ah.cast::<AhRec>()) };
+        // SAFETY: the AH's PD is live: it was held since the AH was created.
+        if let Some(pd) = unsafe { PdRec::from_ibv((*rec.ibv.get()).pd) } {
+            pd.release();
+        }
+        drop(rec);
         Ok(())
     })
 }
@@ -339,10 +346,9 @@ fn grh_version(area: &[u8; 40]) -> Option<u8> {
 
 #[cfg(test)]
 mod tests {
-    use roce_transport::WcStatus;
 
     use super::*;
-    use crate::qp::harness::{connected, ibv_sge_of, post, post_recv_one};
+    use crate::qp::harness::{connected, ibv_sge_of, post, post_recv_one, WC_GRH, WC_SUCCESS};
     use crate::qp::{SEND_SIGNALED, WR_SEND};
     use crate::sys::{ibv_qp_type_IBV_QPT_UD, ibv_send_wr};
 
@@ -379,28 +385,18 @@ mod tests {
         msg.write(0, b"ud datagram").unwrap();
         let mut w = ud_send(ah, nb, msg.sge(0, 11));
         assert_eq!(post(qa, &mut w).0, 0);
-        assert_eq!(a.poll(1)[0].status, WcStatus::Success);
+        assert_eq!(a.poll(1)[0].status, WC_SUCCESS);
         let c = b.poll(1);
-        assert_eq!(
-            (c[0].wr_id, c[0].byte_len, c[0].src_qp.value()),
-            (5, 40 + 11, na)
-        );
-        assert!(c[0].grh);
+        assert_eq!((c[0].wr_id, c[0].byte_len, c[0].src_qp), (5, 40 + 11, na));
+        assert_ne!(c[0].wc_flags & WC_GRH, 0, "poll_cq reports the GRH area");
         let bytes = rbuf.to_vec();
         assert_eq!(&bytes[40..51], b"ud datagram");
         // rxe's layout for IPv4: 20 zero bytes, then the IPv4 header.
         assert_eq!(bytes[..20], [0u8; 20]);
         assert_eq!(bytes[20] >> 4, 4);
 
-        // The work completion poll_cq reports for it, and the AH back to the sender.
-        let mut wc = ibv_wc {
-            wr_id: c[0].wr_id,
-            byte_len: c[0].byte_len,
-            qp_num: nb,
-            src_qp: na,
-            wc_flags: ibv_wc_flags_IBV_WC_GRH,
-            ..ibv_wc::default()
-        };
+        // The AH back to the sender, from the work completion poll_cq reported.
+        let mut wc = c[0];
         let mut grh = [0u8; 40];
         grh.copy_from_slice(&bytes[..40]);
         let mut back = ibv_ah_attr::default();
@@ -424,7 +420,7 @@ mod tests {
         let mut w = ud_send(reply_ah, wc.src_qp, reply.sge(0, 5));
         assert_eq!(post(qb, &mut w).0, 0);
         let c = a.poll(1);
-        assert_eq!((c[0].wr_id, c[0].src_qp.value()), (6, nb));
+        assert_eq!((c[0].wr_id, c[0].src_qp), (6, nb));
         assert_eq!(&abuf.to_vec()[40..45], b"reply");
 
         // Port 2 and a missing GRH flag: no global address, or -1 for an absent port.

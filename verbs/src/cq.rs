@@ -59,6 +59,23 @@ pub(crate) struct CqRec {
     pub(crate) events_reported: AtomicU32,
     /// QPs (and SRQs) using the CQ.
     users: AtomicU32,
+    /// `wc.sl` of a UD receive (one with a GRH): the RoCE packet type, see [`roce_pkt_type`].
+    grh_sl: u8,
+}
+
+/// The RoCE packet type a UD receive completion reports in `sl`, as mlx5 hardware does
+/// (RoCE has no service level): bit 3 set for a UDP header (RoCEv2), bits 2..0 the L3
+/// header, 2 for IPv4 (then the IPv4 header fills bytes 20..40 of the GRH area), 1 for
+/// IPv6. UCX's ud_verbs reads it to find the destination GID in the GRH area and drops
+/// every packet whose destination is not one of its GIDs (`UCX_UD_VERBS_ETH_DGID_CHECK`):
+/// with 0 it would read an IPv4 packet's GRH area as an IPv6 header. A device's engine
+/// receives one address family only, so the type is the device's.
+pub(crate) fn roce_pkt_type(local: std::net::SocketAddr) -> u8 {
+    if local.is_ipv4() {
+        0b1010
+    } else {
+        0b1001
+    }
 }
 
 impl CqRec {
@@ -83,13 +100,11 @@ impl CqRec {
     /// Records one more QP (or SRQ) completing into this CQ: `ibv_destroy_cq` fails with
     /// `EBUSY` until the matching [`Self::release`]. Call it once the QP exists and
     /// `release` when it is destroyed.
-    #[allow(dead_code)] // for the QP module (helper "qp"), which creates QPs on CQs
     pub(crate) fn hold(&self) {
         self.users.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Undoes one [`Self::hold`] (an unbalanced release is ignored).
-    #[allow(dead_code)] // as `hold`
     pub(crate) fn release(&self) {
         let _ = self
             .users
@@ -224,6 +239,7 @@ unsafe fn create(
         cur: Mutex::new(Completion::EMPTY),
         events_reported: AtomicU32::new(0),
         users: AtomicU32::new(0),
+        grh_sl: roce_pkt_type(ctx.dev.local_addr()),
     }));
     // SAFETY: `rec` is the fresh, exclusively owned record; the pthread objects are
     // initialised in place, at their final address.
@@ -408,7 +424,11 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
             let got = rec.cq.poll(&mut buf[..want]);
             for (i, c) in buf[..got].iter().enumerate() {
                 // SAFETY: `wc` has room for `n` entries (the verb's contract); done + i < n.
-                fill_wc(c, unsafe { &mut *wc.add(done + i) });
+                let w = unsafe { &mut *wc.add(done + i) };
+                fill_wc(c, w);
+                if c.grh {
+                    w.sl = rec.grh_sl;
+                }
             }
             done += got;
             if got < want {
@@ -550,9 +570,20 @@ unsafe extern "C" fn read_slid(_cq: *mut ibv_cq_ex) -> u32 {
     0
 }
 
-/// `ibv_wc_read_sl`: 0.
-unsafe extern "C" fn read_sl(_cq: *mut ibv_cq_ex) -> u8 {
-    0
+/// `ibv_wc_read_sl`: the RoCE packet type for a UD receive ([`roce_pkt_type`]), else 0.
+unsafe extern "C" fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
+    ffi::guard("ibv_wc_read_sl", 0, || {
+        // SAFETY: a live CQ of this library (the verb's contract).
+        let Some(rec) = (unsafe { CqRec::from_ex(cq) }) else {
+            return 0;
+        };
+        // SAFETY: as above.
+        if unsafe { current(cq) }.grh {
+            rec.grh_sl
+        } else {
+            0
+        }
+    })
 }
 
 /// `ibv_wc_read_dlid_path_bits`: 0.
@@ -726,6 +757,18 @@ mod tests {
         let mut wc = ibv_wc::default();
         fill_wc(c, &mut wc);
         wc
+    }
+
+    #[test]
+    fn a_ud_receive_reports_the_roce_packet_type_in_sl_as_mlx5_does() {
+        let v4: std::net::SocketAddr = "10.0.0.1:4791".parse().unwrap();
+        let v6: std::net::SocketAddr = "[fd00::1]:4791".parse().unwrap();
+        // UCX: `(sl & 7) == 2` means IPv4, the destination address in the last 4 bytes of
+        // the GRH area; bit 3 is "has a UDP header" (RoCEv2).
+        assert_eq!(roce_pkt_type(v4), 0b1010);
+        assert_eq!(roce_pkt_type(v4) & 7, 2);
+        assert_eq!(roce_pkt_type(v6), 0b1001);
+        assert_eq!(roce_pkt_type(v6) & 7, 1);
     }
 
     #[test]

@@ -347,6 +347,78 @@ fn discover() -> std::io::Result<Vec<&'static DeviceRec>> {
         .collect())
 }
 
+/// The files [`ibv_read_sysfs_file`] answers for every device, besides the GID ones.
+const SYSFS_FILES: &[&str] = &[
+    "board_id",
+    "fw_ver",
+    "hca_type",
+    "hw_rev",
+    "node_type",
+    "node_guid",
+    "sys_image_guid",
+    "ports/1/link_layer",
+    "ports/1/pkeys/0",
+    "ports/1/lid",
+    "ports/1/sm_lid",
+];
+
+/// A device as programs that check the file system expect to find it (`rocectl exec
+/// --dev-nodes` makes these files in a private mount namespace): UCX wants a character
+/// device `/dev/infiniband/<dev_name>` and reads GID types from sysfs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceFiles {
+    /// `ibv_get_device_name`, e.g. `rocectl_eth0`.
+    pub name: String,
+    /// `ibv_device.dev_name`, `uverbsN`.
+    pub dev_name: String,
+    /// `ibv_device.ibdev_path`, `/sys/class/infiniband/<name>`.
+    pub ibdev_path: String,
+    /// What [`ibv_read_sysfs_file`] answers under `ibdev_path`: (relative path, content
+    /// ending with a newline), the GID files (`ports/1/gids/N`, `gid_attrs/types/N`,
+    /// `gid_attrs/ndevs/N`) for every entry of the GID table.
+    pub files: Vec<(String, String)>,
+}
+
+/// This library's devices (discovered as [`ibv_get_device_list`] discovers them) and their
+/// files.
+///
+/// # Errors
+/// The interfaces cannot be listed.
+pub fn device_files() -> std::io::Result<Vec<DeviceFiles>> {
+    let text = |field: &[c_char]| -> String {
+        let bytes: Vec<u8> = field
+            .iter()
+            .map(|&c| c as u8)
+            .take_while(|&b| b != 0)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    Ok(discover()?
+        .into_iter()
+        .map(|rec| {
+            let mut files: Vec<(String, String)> = SYSFS_FILES
+                .iter()
+                .filter_map(|f| Some(((*f).to_owned(), rec_sysfs(rec, f)?)))
+                .collect();
+            let gids = gid_table_of(rec).map_or(0, |t| t.len());
+            for i in 0..gids {
+                for kind in ["gids", "gid_attrs/types", "gid_attrs/ndevs"] {
+                    let rel = format!("ports/1/{kind}/{i}");
+                    if let Some(c) = rec_sysfs(rec, &rel) {
+                        files.push((rel, c));
+                    }
+                }
+            }
+            DeviceFiles {
+                name: rec.spec.name.clone(),
+                dev_name: text(&rec.ibv.dev_name),
+                ibdev_path: text(&rec.ibv.ibdev_path),
+                files,
+            }
+        })
+        .collect())
+}
+
 // ------------------------------------------------------------------------ exports --
 
 /// `ibv_get_device_list(3)`: a NULL-terminated array of the devices (see the module docs),

@@ -37,7 +37,7 @@ const ACCESS_OPTIONAL_RANGE: u32 = (((1 << 29) << 1) - 1) & !(IBV_ACCESS_OPTIONA
 pub(crate) struct MrRec {
     /// Must stay the first field.
     pub(crate) ibv: ibv_mr,
-    /// The registration; replaced by `ibv_rereg_mr`.
+    /// The registration; changed in place by `ibv_rereg_mr`.
     mr: Mutex<MemoryRegion>,
 }
 
@@ -193,8 +193,8 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
 }
 
 /// `ibv_rereg_mr(3)`: changes the translation (`addr`/`length`, addressed at `addr`), the PD
-/// and/or the access flags of a region, by registering anew and then deregistering the old
-/// registration; the lkey and rkey change (read them again from `mr`). Returns 0, or
+/// and/or the access flags of a region in place: the lkey and rkey stay the same (as rxe and
+/// mlx5 keep them), so a peer's rkey reaches the new mapping. Returns 0, or
 /// `IBV_REREG_MR_ERR_INPUT` with `errno` (EINVAL, EOPNOTSUPP) when the request is refused,
 /// in which case the old registration is still valid and unchanged.
 #[no_mangle]
@@ -272,16 +272,9 @@ unsafe fn rereg(
         iova
     };
     // SAFETY: the new memory stays valid until deregistration (the verb's contract); the
-    // old memory stays valid until the old region is dropped below.
-    let new = unsafe {
-        new_pd_rec
-            .pd
-            .register_raw(new_addr.cast::<u8>(), new_len, iova, rights)
-    }
-    .map_err(|e| ffi::errno_of_verbs(&e))?;
-    let (lkey, rkey) = (new.lkey().value(), new.rkey().value());
-    // Deregisters the old key.
-    drop(std::mem::replace(&mut *cur, new));
+    // old memory is not touched again once this returns.
+    unsafe { cur.reregister_raw(&new_pd_rec.pd, new_addr.cast::<u8>(), new_len, iova, rights) }
+        .map_err(|e| ffi::errno_of_verbs(&e))?;
     if change_pd && new_pd != old_pd {
         new_pd_rec.hold();
         // SAFETY: the old PD is live until this release (the MR held it).
@@ -291,13 +284,11 @@ unsafe fn rereg(
     }
     // SAFETY: `mr` is the live record (checked above); the application does not access it
     // concurrently with a verb that changes it (as with rdma-core). Writes go through the
-    // raw pointer, not through `rec`.
+    // raw pointer, not through `rec`. The keys do not change.
     unsafe {
         (*mr).pd = new_pd;
         (*mr).addr = new_addr;
         (*mr).length = new_len;
-        (*mr).lkey = lkey;
-        (*mr).rkey = rkey;
     }
     drop(cur);
     Ok(())
@@ -425,10 +416,10 @@ mod tests {
             assert_eq!(ibv_rereg_mr(mr, acc, null_mut(), null_mut(), 0, RW), err);
             assert_eq!(errno(), libc::EINVAL);
             assert_eq!((*mr).lkey, key0);
-            // Translation: the new buffer, addressed at its own address, new keys.
+            // Translation: the new buffer, addressed at its own address, same keys.
             assert_eq!(ibv_rereg_mr(mr, tr, null_mut(), pb, 128, 0), 0);
             assert_eq!(((*mr).addr, (*mr).length), (pb, 128));
-            assert_ne!((*mr).lkey, key0);
+            assert_eq!(((*mr).lkey, (*mr).rkey), (key0, key0));
             assert_eq!(lock(&rec.mr).addr(), pb as u64);
             assert_eq!(lock(&rec.mr).access(), Access::LOCAL_WRITE);
             // Access.

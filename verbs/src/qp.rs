@@ -280,6 +280,10 @@ unsafe fn create(
             qp_ex::install(&mut *ex);
         }
     }
+    // The PD, the CQs and the SRQ cannot be destroyed while the QP uses them (EBUSY).
+    pd.hold();
+    send_cq.hold();
+    recv_cq.hold();
     if let Some(s) = srq {
         s.hold();
     }
@@ -637,10 +641,21 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
                 .remove(&qpn);
         }
         let ex = rec.ibv();
-        // SAFETY: the record is live; its SRQ (if any) outlives it (destroy_srq refuses while
-        // a QP holds it); the mutex/cond were initialised at creation and are unused now.
+        // SAFETY: the record is live; its PD, CQs and SRQ outlive it (their destroy verbs
+        // refuse while the QP holds them); the mutex/cond were initialised at creation and are
+        // unused now.
         unsafe {
-            if let Some(srq) = SrqRec::from_ibv((*ex).qp_base.srq) {
+            let b = &(*ex).qp_base;
+            if let Some(pd) = PdRec::from_ibv(b.pd) {
+                pd.release();
+            }
+            if let Some(cq) = CqRec::from_ibv(b.send_cq) {
+                cq.release();
+            }
+            if let Some(cq) = CqRec::from_ibv(b.recv_cq) {
+                cq.release();
+            }
+            if let Some(srq) = SrqRec::from_ibv(b.srq) {
                 srq.release();
             }
             libc::pthread_mutex_destroy(addr_of_mut!((*ex).qp_base.mutex).cast());
@@ -814,7 +829,7 @@ unsafe fn post_chain(rec: &QpRec, wr: *mut ibv_send_wr, failed: &mut *mut ibv_se
     if first.next.is_null() {
         // SAFETY: per the contract.
         let r = unsafe { send_wr(rec, first) }.and_then(|w| {
-            rec.qp.post_send(w).map_err(|e| {
+            rec.qp.post_send_coalesced(w).map_err(|e| {
                 trace(format_args!("ibv_post_send: {e}"));
                 errno_of_post(&e)
             })
@@ -1000,10 +1015,23 @@ pub unsafe extern "C" fn ibv_detach_mcast(
 pub(crate) mod harness {
     use std::time::Duration;
 
-    use roce_transport::{Access, Completion, Device, DeviceConfig, MemoryRegion, SimNetwork};
+    use roce_transport::{Access, Device, DeviceConfig, MemoryRegion, SimNetwork};
 
     use super::*;
-    use crate::sys::{ibv_cq, ibv_cq_ex, verbs_context};
+    use crate::sys::ibv_cq;
+    pub(crate) use crate::sys::{
+        ibv_wc, ibv_wc_flags_IBV_WC_GRH as WC_GRH, ibv_wc_flags_IBV_WC_WITH_IMM as WC_WITH_IMM,
+        ibv_wc_opcode_IBV_WC_COMP_SWAP as WC_COMP_SWAP,
+        ibv_wc_opcode_IBV_WC_RDMA_READ as WC_RDMA_READ,
+        ibv_wc_opcode_IBV_WC_RDMA_WRITE as WC_RDMA_WRITE, ibv_wc_opcode_IBV_WC_RECV as WC_RECV,
+        ibv_wc_opcode_IBV_WC_SEND as WC_SEND, ibv_wc_status_IBV_WC_SUCCESS as WC_SUCCESS,
+    };
+
+    /// The immediate data of a work completion, host order (`wc.imm_data` is network order).
+    pub(crate) fn imm(wc: &ibv_wc) -> u32 {
+        // SAFETY: both members of the union are a plain `u32`.
+        u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })
+    }
 
     /// One side: a context, a PD and a CQ of this library, built as the device and memcq
     /// modules build them.
@@ -1017,38 +1045,19 @@ pub(crate) mod harness {
     impl Side {
         pub(crate) fn open(net: &SimNetwork, ip: &str) -> Self {
             // The path MTU of a 1500-byte Ethernet port, as on a default veth.
-            let config = DeviceConfig::sim(net, ip.parse().unwrap()).mtu(Mtu::Mtu1024);
+            let config = DeviceConfig::sim(net, ip.parse().unwrap())
+                .name(format!("sim_{ip}"))
+                .mtu(Mtu::Mtu1024);
             let dev = Device::open(config).unwrap();
-            let mut rec = Box::new(ContextRec {
-                vctx: verbs_context::default(),
-                dev: dev.clone(),
-                qps: Default::default(),
-                srqs: Default::default(),
-            });
-            crate::install_ops(&mut rec.vctx);
-            let ctx = Box::leak(rec).ibv();
-            let pd = Box::leak(Box::new(PdRec {
-                ibv: ibv_pd {
-                    context: ctx,
-                    handle: 1,
-                },
-                pd: dev.alloc_pd(),
-            }));
-            let ex = ibv_cq_ex {
-                context: ctx,
-                cqe: 256,
-                ..Default::default()
-            };
-            let cq = Box::leak(Box::new(CqRec {
-                ex,
-                cq: dev.create_cq(256).unwrap(),
-            }));
-            Self {
-                ctx,
-                pd: ptr::from_mut(pd).cast(),
-                cq: ptr::from_mut(cq).cast(),
-                dev,
-            }
+            let ctx = crate::context::open_test_context(dev.clone());
+            // SAFETY: a live context of this library.
+            let pd = unsafe { crate::pd::ibv_alloc_pd(ctx) };
+            assert!(!pd.is_null());
+            // SAFETY: as above.
+            let cq =
+                unsafe { crate::cq::ibv_create_cq(ctx, 256, ptr::null_mut(), ptr::null_mut(), 0) };
+            assert!(!cq.is_null());
+            Self { ctx, pd, cq, dev }
         }
 
         /// A registered buffer of `len` bytes holding `fill`.
@@ -1062,20 +1071,28 @@ pub(crate) mod harness {
             pd.pd.register(vec![fill; len], access).unwrap()
         }
 
-        /// Waits up to 5 s for `n` completions on the side's CQ.
-        pub(crate) fn poll(&self, n: usize) -> Vec<Completion> {
+        /// Waits up to 5 s for `n` work completions of the side's CQ, polled with
+        /// `ibv_poll_cq` (the context's `poll_cq` slot).
+        pub(crate) fn poll(&self, n: usize) -> Vec<ibv_wc> {
             self.poll_within(n, Duration::from_secs(5))
         }
 
-        /// Waits up to `timeout` for `n` completions on the side's CQ.
-        pub(crate) fn poll_within(&self, n: usize, timeout: Duration) -> Vec<Completion> {
-            // SAFETY: the harness's own CQ.
-            let cq = unsafe { CqRec::from_ibv(self.cq) }.unwrap();
-            let mut out = vec![Completion::EMPTY; n];
+        /// Waits up to `timeout` for `n` work completions (`ibv_poll_cq`).
+        pub(crate) fn poll_within(&self, n: usize, timeout: Duration) -> Vec<ibv_wc> {
+            let mut out = vec![ibv_wc::default(); n];
             let mut got = 0;
             let deadline = std::time::Instant::now() + timeout;
             while got < n && std::time::Instant::now() < deadline {
-                got += cq.cq.wait(&mut out[got..], Duration::from_millis(20));
+                // SAFETY: the harness's CQ; `out[got..]` has room for `n - got` entries.
+                let r = unsafe {
+                    let poll = (*(*self.cq).context).ops.poll_cq.unwrap();
+                    poll(self.cq, (n - got) as c_int, out[got..].as_mut_ptr())
+                };
+                assert!(r >= 0, "ibv_poll_cq: {r}");
+                if r == 0 {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                got += r as usize;
             }
             out.truncate(got);
             out
@@ -1234,7 +1251,6 @@ pub(crate) mod harness {
 
 #[cfg(test)]
 mod tests {
-    use roce_transport::{WcOpcode, WcStatus};
 
     use super::harness::*;
     use super::*;
@@ -1273,7 +1289,7 @@ mod tests {
         assert_eq!(c.len(), 1);
         assert_eq!(
             (c[0].wr_id, c[0].status, c[0].opcode),
-            (1, WcStatus::Success, WcOpcode::RdmaWrite)
+            (1, WC_SUCCESS, WC_RDMA_WRITE)
         );
         assert_eq!(dst.to_vec(), vec![0x5A; 64]);
 
@@ -1286,11 +1302,10 @@ mod tests {
         w.__bindgen_anon_1.imm_data = 0x1234_5678u32.to_be();
         assert_eq!(post(qa, &mut w).0, 0);
         let c = b.poll(1);
-        assert_eq!(
-            (c[0].wr_id, c[0].status, c[0].byte_len),
-            (7, WcStatus::Success, 5)
-        );
-        assert_eq!(c[0].imm_data, Some(0x1234_5678));
+        assert_eq!((c[0].wr_id, c[0].status, c[0].byte_len), (7, WC_SUCCESS, 5));
+        assert_eq!(c[0].opcode, WC_RECV);
+        assert_ne!(c[0].wc_flags & WC_WITH_IMM, 0);
+        assert_eq!(imm(&c[0]), 0x1234_5678);
         assert_eq!(&rbuf.to_vec()[..5], b"hello");
         assert_eq!(a.poll(1)[0].wr_id, 2);
 
@@ -1301,10 +1316,7 @@ mod tests {
         w.wr = rdma(dst.addr(), dst.rkey().value());
         assert_eq!(post(qa, &mut w).0, 0);
         let c = a.poll(1);
-        assert_eq!(
-            (c[0].status, c[0].opcode),
-            (WcStatus::Success, WcOpcode::RdmaRead)
-        );
+        assert_eq!((c[0].status, c[0].opcode), (WC_SUCCESS, WC_RDMA_READ));
         assert_eq!(back.to_vec(), vec![0x5A; 64]);
 
         // FETCH_AND_ADD then CMP_AND_SWP on 8 bytes of the remote buffer.
@@ -1317,7 +1329,7 @@ mod tests {
         w.wr.atomic.rkey = word.rkey().value();
         w.wr.atomic.compare_add = 10;
         assert_eq!(post(qa, &mut w).0, 0);
-        assert_eq!(a.poll(1)[0].status, WcStatus::Success);
+        assert_eq!(a.poll(1)[0].status, WC_SUCCESS);
         assert_eq!(u64::from_ne_bytes(old.to_vec().try_into().unwrap()), 5);
         let mut w = wr(5, WR_ATOMIC_CMP_AND_SWP, &mut sg);
         w.wr.atomic.remote_addr = word.addr();
@@ -1326,7 +1338,7 @@ mod tests {
         w.wr.atomic.swap = 99;
         assert_eq!(post(qa, &mut w).0, 0);
         let c = a.poll(1);
-        assert_eq!((c[0].wr_id, c[0].opcode), (5, WcOpcode::CompSwap));
+        assert_eq!((c[0].wr_id, c[0].opcode), (5, WC_COMP_SWAP));
         assert_eq!(u64::from_ne_bytes(old.to_vec().try_into().unwrap()), 15);
         assert_eq!(u64::from_ne_bytes(word.to_vec().try_into().unwrap()), 99);
 
@@ -1385,7 +1397,7 @@ mod tests {
         assert_eq!(r, libc::EINVAL);
         assert_eq!(bad, ptr::from_mut(&mut second));
         let c = a.poll(1);
-        assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::Success));
+        assert_eq!((c[0].wr_id, c[0].status), (1, WC_SUCCESS));
         assert_eq!(dst.to_vec(), vec![1; 8]);
 
         // A chain refused by the QP (too many SGEs) names the refused WR too.
@@ -1398,6 +1410,39 @@ mod tests {
         assert_eq!(r, libc::EINVAL);
         assert_eq!(bad, ptr::from_mut(&mut third));
         assert_eq!(a.poll(1)[0].wr_id, 3);
+    }
+
+    /// Single posts while earlier requests are outstanding leave the sending to the engine
+    /// thread (`post_send_coalesced`); every one still goes out and completes without the
+    /// application polling in between.
+    #[test]
+    fn back_to_back_single_posts_all_complete() {
+        let (a, b, qa, _qb) = connected(QPT_RC);
+        let src = a.mr(64 * 64, 0);
+        let dst = b.mr(64 * 64, 0);
+        for i in 0..64u8 {
+            src.write(usize::from(i) * 64, &[i; 64]).unwrap();
+        }
+        for i in 0..64u64 {
+            let off = i as usize * 64;
+            let mut sg = [ibv_sge_of(src.sge(off, 64))];
+            let mut w = wr(i, WR_RDMA_WRITE, &mut sg);
+            w.wr = rdma(dst.addr() + off as u64, dst.rkey().value());
+            assert_eq!(post(qa, &mut w).0, 0);
+        }
+        // Nobody polls: the engine thread alone must send every WR.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while dst.to_vec() != src.to_vec() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(dst.to_vec(), src.to_vec());
+        let c = a.poll(64);
+        assert_eq!(c.len(), 64);
+        assert!(c.iter().all(|c| c.status == WC_SUCCESS));
+        assert_eq!(
+            c.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+            (0..64).collect::<Vec<_>>()
+        );
     }
 
     #[test]
@@ -1456,6 +1501,17 @@ mod tests {
             let qpn = (*qp).qp_num;
             assert_eq!(ibv_destroy_qp(qp), 0);
             assert!(ctx.qps.lock().unwrap().get(&qpn).is_none());
+        }
+
+        // The QP holds its PD and CQ until it is destroyed.
+        let qp = a.qp(QPT_RC);
+        // SAFETY: the harness's PD and CQ, a live QP.
+        unsafe {
+            assert_eq!(crate::pd::ibv_dealloc_pd(a.pd), libc::EBUSY);
+            assert_eq!(crate::cq::ibv_destroy_cq(a.cq), libc::EBUSY);
+            assert_eq!(ibv_destroy_qp(qp), 0);
+            let spare = crate::pd::ibv_alloc_pd(a.ctx);
+            assert_eq!(crate::pd::ibv_dealloc_pd(spare), 0);
         }
 
         let mut big = a.init_attr(QPT_RC);
@@ -1602,7 +1658,7 @@ mod tests {
         let mut w = wr(1, WR_RDMA_WRITE, &mut sg);
         w.wr = rdma(dst.addr(), dst.rkey().value());
         assert_eq!(post(qa, &mut w).0, 0);
-        assert_eq!(a.poll(1)[0].status, WcStatus::Success);
+        assert_eq!(a.poll(1)[0].status, WC_SUCCESS);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while dst.to_vec() != vec![0x77; 16] && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(5));

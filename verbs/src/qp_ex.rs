@@ -428,11 +428,10 @@ unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, _remote_srqn: u32) {
 
 #[cfg(test)]
 mod tests {
-    use roce_transport::{WcOpcode, WcStatus};
 
     use super::*;
     use crate::context::ContextRec;
-    use crate::qp::harness::{bring_up, post_recv_one, Side};
+    use crate::qp::harness::{bring_up, post_recv_one, Side, WC_RDMA_WRITE, WC_SEND, WC_SUCCESS};
     use crate::sys::{
         ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_RDMA_READ as WITH_READ,
         ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_RDMA_WRITE as WITH_WRITE,
@@ -507,10 +506,7 @@ mod tests {
             c.iter()
                 .map(|c| (c.wr_id, c.status, c.opcode))
                 .collect::<Vec<_>>(),
-            [
-                (1, WcStatus::Success, WcOpcode::RdmaWrite),
-                (2, WcStatus::Success, WcOpcode::Send)
-            ]
+            [(1, WC_SUCCESS, WC_RDMA_WRITE), (2, WC_SUCCESS, WC_SEND)]
         );
         assert_eq!(dst.to_vec(), vec![0x3C; 16]);
         assert_eq!(b.poll(1)[0].byte_len, 7);

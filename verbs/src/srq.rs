@@ -121,6 +121,8 @@ unsafe fn create(
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .push(ptr as usize);
+    // The PD cannot be deallocated while the SRQ uses it (EBUSY).
+    pd_rec.hold();
     attr.max_sge = max_sge;
     Ok(ptr.cast::<ibv_srq>())
 }
@@ -246,13 +248,16 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
             return Err(libc::EBUSY);
         }
         let ibv = rec.ibv.get();
-        // SAFETY: the record is live; its context outlives it.
+        // SAFETY: the record is live; its context and PD outlive it (the PD is held).
         unsafe {
             if let Some(ctx) = ContextRec::from_ibv((*ibv).context) {
                 ctx.srqs
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .retain(|&p| p != srq as usize);
+            }
+            if let Some(pd) = PdRec::from_ibv((*ibv).pd) {
+                pd.release();
             }
             libc::pthread_mutex_destroy(addr_of_mut!((*ibv).mutex).cast());
             libc::pthread_cond_destroy(addr_of_mut!((*ibv).cond).cast());
@@ -297,10 +302,9 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
 
 #[cfg(test)]
 mod tests {
-    use roce_transport::WcStatus;
 
     use super::*;
-    use crate::qp::harness::{bring_up, ibv_sge_of, post, Side};
+    use crate::qp::harness::{bring_up, ibv_sge_of, post, Side, WC_SUCCESS};
     use crate::qp::{ibv_create_qp, ibv_destroy_qp, SEND_SIGNALED, WR_SEND};
     use crate::sys::{ibv_qp_type_IBV_QPT_RC as RC, ibv_send_wr, ibv_sge};
 
@@ -377,7 +381,7 @@ mod tests {
         let c = b.poll(1);
         assert_eq!(
             (c[0].wr_id, c[0].status, c[0].byte_len),
-            (42, WcStatus::Success, 6)
+            (42, WC_SUCCESS, 6)
         );
         assert_eq!(&rbuf.to_vec()[..6], b"to srq");
 
@@ -436,7 +440,13 @@ mod tests {
             let srq = create_srq_ex(a.ctx, &mut attr);
             assert!(!srq.is_null());
             assert_eq!((*srq).pd, a.pd);
+            assert_eq!(
+                crate::pd::ibv_dealloc_pd(a.pd),
+                libc::EBUSY,
+                "the SRQ holds it"
+            );
             assert_eq!(ibv_destroy_srq(srq), 0);
+            assert_eq!(crate::pd::ibv_dealloc_pd(a.pd), 0);
         }
     }
 }

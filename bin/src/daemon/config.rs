@@ -12,7 +12,7 @@
 //! group = "rdma"                   # name or number; default: the daemon's group
 //!
 //! [qpn]
-//! range_size = 65536               # QPNs per client (power of two, 256 ..= 8388608)
+//! range_size = 65536               # QPNs per client (power of two, 256 ..= 1048576)
 //! quarantine_ms = 10000            # a dead client's range waits this long before reuse
 //!
 //! [limits]
@@ -220,6 +220,11 @@ impl Config {
                 self.socket.path.display().to_string()
             ));
         }
+        if self.mode == Mode::KernelDemux && size > 1 << 20 {
+            return Err(format!(
+                "qpn.range_size = {size}: kernel-demux mode steers ranges of at most 1048576 QPNs (16 ranges)"
+            ));
+        }
         if self.mode == Mode::Forwarding {
             return Err(
                 "mode = \"forwarding\" is not implemented yet; use mode = \"kernel-demux\" (one trust domain)"
@@ -363,7 +368,7 @@ mr_bytes = 1048576
     /// Every mistake is one line that names the file, the line and the key.
     #[test]
     fn mistakes_are_one_clear_line() {
-        let cases: [(&str, &str); 8] = [
+        let cases: [(&str, &str); 9] = [
             ("modee = 1", "test.toml: line 1: unknown field `modee`"),
             ("[socket]\npaht = \"/x\"", "line 2: unknown field `paht`"),
             ("mode = \"bpf\"", "line 1: unknown variant `bpf`"),
@@ -373,6 +378,7 @@ mr_bytes = 1048576
                 "qpn.range_size = 1000: must be a power of two",
             ),
             ("[qpn]\nrange_size = 128", "power of two from 256"),
+            ("[qpn]\nrange_size = 2097152", "at most 1048576 QPNs"),
             ("mode = \"forwarding\"", "not implemented yet"),
             ("address = \"10.0.0.300\"", "line 1: invalid IP address"),
         ];

@@ -23,7 +23,6 @@ pub(crate) mod views;
 
 use std::io::IsTerminal;
 use std::net::IpAddr;
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -34,6 +33,7 @@ use anyhow::Context;
 use clap::Args;
 use roce_transport::control::sys::{sd_notify, systemd_listener};
 use roce_transport::control::{Mode, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR};
+use roce_transport::datapath::demux::{DemuxGroup, SlotLayout};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use tracing::{error, info, warn};
@@ -89,7 +89,7 @@ pub(crate) fn run(args: &DaemonArgs) -> anyhow::Result<ExitCode> {
     }
     init_logging();
     let (listener, owned_path) = open_socket(&cfg, gid)?;
-    let demux = open_demux(cfg.mode, address, cfg.slots())?;
+    let demux = open_demux(cfg.mode, cfg.qpn.range_size)?;
     let welcome = Welcome {
         major: PROTOCOL_MAJOR,
         minor: PROTOCOL_MINOR,
@@ -200,19 +200,24 @@ fn open_socket(cfg: &Config, gid: Option<u32>) -> anyhow::Result<(UnixListener, 
     Ok((listener, Some(path.clone())))
 }
 
-/// The data-path hookup on the daemon's side: in kernel-demux mode, the SO_REUSEPORT group
-/// on `address`:4791 and its steering program, whose map fd every lease carries.
+/// The data-path hookup on the daemon's side: in kernel-demux mode, the steering program and
+/// its `REUSEPORT_SOCKARRAY` map (one entry per QPN range), whose descriptors every lease
+/// carries; each client's socket joins the SO_REUSEPORT group on the address with them.
 ///
-/// The demultiplexer is not built yet: without it no map exists, and each client binds the
-/// address alone (one process with a data path at a time).
-fn open_demux(mode: Mode, address: IpAddr, slots: u32) -> anyhow::Result<Option<OwnedFd>> {
+/// # Errors
+/// The kernel refuses (no `CAP_BPF`/`CAP_NET_ADMIN`, or the program is rejected): clients
+/// could not share the address, so the daemon does not start.
+fn open_demux(mode: Mode, range_size: u32) -> anyhow::Result<Option<DemuxGroup>> {
     match mode {
         Mode::KernelDemux => {
-            warn!(
-                %address, slots,
-                "the kernel demultiplexer is not available in this build: clients get QPN ranges, but only one at a time can bind {address}:4791"
+            let layout = SlotLayout::new(range_size.trailing_zeros() as u8)?;
+            let group = DemuxGroup::create(layout)?;
+            info!(
+                slots = layout.slots(),
+                map_id = group.map_id().unwrap_or(0),
+                "kernel demultiplexer ready (SK_REUSEPORT program + REUSEPORT_SOCKARRAY)"
             );
-            Ok(None)
+            Ok(Some(group))
         }
         Mode::Forwarding => anyhow::bail!("mode forwarding is not implemented yet"),
     }

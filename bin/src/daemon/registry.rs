@@ -215,7 +215,7 @@ impl Registry {
             qpn_base: slot * self.policy.range_size,
             qpn_count: self.policy.range_size,
             mode: self.policy.mode,
-            demux_fd: false,
+            demux_fds: false,
         };
         if let Some(c) = self.clients.get_mut(&id) {
             c.lease = Some(lease.clone());

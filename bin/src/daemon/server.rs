@@ -7,7 +7,7 @@
 //! When a device connection ends, for whatever reason, its range goes to quarantine and its
 //! objects and report disappear from the views: that is the reaping, and it is logged.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,6 +19,7 @@ use roce_transport::control::sys::{
 use roce_transport::control::{
     ControlError, Hello, Reply, Request, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
+use roce_transport::datapath::demux::DemuxGroup;
 use tracing::{debug, info, warn};
 
 use super::registry::{ClientId, Registry};
@@ -28,13 +29,14 @@ use super::registry::{ClientId, Registry};
 pub(crate) struct Server {
     pub(crate) registry: Mutex<Registry>,
     pub(crate) welcome: Welcome,
-    /// The demultiplexer's map, passed with every lease (kernel-demux mode, once it exists).
-    pub(crate) demux: Option<OwnedFd>,
+    /// The kernel demultiplexer, whose map and program every lease carries (kernel-demux
+    /// mode).
+    pub(crate) demux: Option<DemuxGroup>,
     next_id: AtomicU64,
 }
 
 impl Server {
-    pub(crate) fn new(registry: Registry, welcome: Welcome, demux: Option<OwnedFd>) -> Self {
+    pub(crate) fn new(registry: Registry, welcome: Welcome, demux: Option<DemuxGroup>) -> Self {
         Self {
             registry: Mutex::new(registry),
             welcome,
@@ -118,7 +120,7 @@ impl Server {
             };
             let (reply, pass_demux) = self.handle(id, cred, &comm, req);
             let fds: Vec<_> = match (&self.demux, pass_demux) {
-                (Some(fd), true) => vec![fd.as_fd()],
+                (Some(g), true) => vec![g.map_fd(), g.prog_fd()],
                 _ => Vec::new(),
             };
             if let Err(e) = write_frame(&mut stream, &reply, &fds) {
@@ -189,7 +191,7 @@ impl Server {
             }),
             Request::AllocRange { device } => match reg.alloc_range(id, now) {
                 Ok(mut lease) => {
-                    lease.demux_fd = self.demux.is_some();
+                    lease.demux_fds = self.demux.is_some();
                     info!(
                         pid = cred.pid, uid = cred.uid, comm = %comm, device = %device,
                         slot = lease.slot,

@@ -24,7 +24,7 @@
 
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -36,6 +36,7 @@ use super::proto::{
 };
 use super::sys::{read_frame, write_frame};
 use crate::counters::Counters;
+use crate::datapath::demux::{Demux, DemuxGroup, SlotLayout};
 use crate::device::{Backend, Device, DeviceShared};
 use crate::error::{OpenError, VerbsError};
 use crate::sys::lock;
@@ -209,9 +210,6 @@ pub(crate) struct DaemonClient {
     conn: Mutex<Option<Connection>>,
     path: PathBuf,
     lease: Lease,
-    /// The demultiplexer's map, when the daemon passed one.
-    #[allow(dead_code)]
-    demux_fd: Option<OwnedFd>,
     pds: AtomicU32,
     stop: Arc<(Mutex<bool>, Condvar)>,
 }
@@ -356,73 +354,89 @@ impl Drop for Reservation {
 }
 
 /// Connects a device to the daemon when one serves its address (see the module docs);
-/// returns the backend to open (the data-path hookup, [`datapath_for`]) and the client.
+/// returns the client and the kernel-demux membership the daemon's lease gives
+/// ([`datapath_for`]).
 ///
 /// # Errors
 /// [`OpenError::Daemon`]: the socket exists but the daemon does not answer, speaks another
-/// major version or refuses the range.
+/// major version, refuses the range, or passes a demultiplexer this device cannot join.
 pub(crate) fn attach(
-    backend: Backend,
+    backend: &Backend,
     socket: &Option<PathBuf>,
     exclusive: bool,
     device: &str,
-) -> Result<(Backend, Option<Arc<DaemonClient>>), OpenError> {
+) -> Result<(Option<Arc<DaemonClient>>, Option<Demux>), OpenError> {
     if exclusive || exclusive_forced() {
-        return Ok((backend, None));
+        return Ok((None, None));
     }
-    let Backend::Udp { local, port } = &backend else {
-        return Ok((backend, None));
+    let Backend::Udp { local, port } = backend else {
+        return Ok((None, None));
     };
     if *port != roce_wire::frame::ROCEV2_PORT {
-        return Ok((backend, None));
+        return Ok((None, None));
     }
-    let local = *local;
     let path = socket.clone().unwrap_or_else(socket_path);
     if !path.exists() {
-        return Ok((backend, None));
+        return Ok((None, None));
     }
-    let fail = |e: ClientError| OpenError::Daemon {
+    let fail = |detail: String| OpenError::Daemon {
         path: path.clone(),
-        detail: e.to_string(),
+        detail,
     };
-    let mut conn = Connection::connect(&path, Hello::new(Role::Device)).map_err(fail)?;
-    if conn.welcome().address != local {
+    let mut conn =
+        Connection::connect(&path, Hello::new(Role::Device)).map_err(|e| fail(e.to_string()))?;
+    if conn.welcome().address != *local {
         // The daemon serves another address: this one is the device's alone.
-        return Ok((backend, None));
+        return Ok((None, None));
     }
-    let (reply, mut fds) = conn
+    let (reply, fds) = conn
         .call_with_fds(&Request::AllocRange {
             device: device.to_owned(),
         })
-        .map_err(fail)?;
+        .map_err(|e| fail(e.to_string()))?;
     let Reply::Lease(lease) = reply else {
-        return Err(fail(conn.unexpected(&reply)));
+        return Err(fail(conn.unexpected(&reply).to_string()));
     };
-    let demux_fd = if lease.demux_fd { fds.pop() } else { None };
-    let backend = datapath_for(backend, &lease, demux_fd.as_ref().map(AsFd::as_fd))?;
+    let demux = datapath_for(&lease, fds).map_err(|e| {
+        fail(format!(
+            "rocectl daemon at {}: QPN range slot {}: {e}",
+            path.display(),
+            lease.slot
+        ))
+    })?;
     let client = DaemonClient {
         conn: Mutex::new(Some(conn)),
         path,
         lease,
-        demux_fd,
         pds: AtomicU32::new(0),
         stop: Arc::new((Mutex::new(false), Condvar::new())),
     };
-    Ok((backend, Some(Arc::new(client))))
+    Ok((Some(Arc::new(client)), demux))
 }
 
-/// The data-path hookup: the backend a device with `lease` opens.
+/// The data-path hookup: the kernel-demux membership a device with `lease` joins.
 ///
-/// In kernel-demux mode the device's socket joins the daemon's SO_REUSEPORT group on
-/// IP:4791 and the daemon's program steers the lease's QPNs to it. Until the demultiplexer
-/// lands (`demux_fd` is `None`: the daemon passed no map), the device binds IP:4791 as in
-/// exclusive mode, so only one process at a time has a data path on the address.
-fn datapath_for(
-    backend: Backend,
-    _lease: &Lease,
-    _demux_fd: Option<std::os::fd::BorrowedFd<'_>>,
-) -> Result<Backend, OpenError> {
-    Ok(backend)
+/// In kernel-demux mode the daemon passes the group's map and program (`SCM_RIGHTS`); the
+/// device's `udp` socket then binds IP:4791 with `SO_REUSEPORT`, attaches the program and
+/// puts itself in the map at the lease's slot, and the kernel steers the lease's QPNs to it.
+/// A daemon without a demultiplexer passes nothing, and the device binds the address alone.
+///
+/// # Errors
+/// The descriptors are missing or are not a demux group of the lease's layout.
+fn datapath_for(lease: &Lease, fds: Vec<OwnedFd>) -> Result<Option<Demux>, String> {
+    if !lease.demux_fds {
+        return Ok(None);
+    }
+    let mut fds = fds.into_iter();
+    let (Some(map), Some(prog)) = (fds.next(), fds.next()) else {
+        return Err("the lease came without the demultiplexer's descriptors".into());
+    };
+    let shift = lease.qpn_count.trailing_zeros() as u8;
+    let layout = SlotLayout::new(shift).map_err(|e| e.to_string())?;
+    let group = DemuxGroup::from_fds(map, prog, layout).map_err(|e| e.to_string())?;
+    Demux::new(group, lease.slot)
+        .map(Some)
+        .map_err(|e| e.to_string())
 }
 
 impl Device {

@@ -207,9 +207,17 @@ pub struct Lease {
     pub qpn_count: u32,
     /// The data-path mode.
     pub mode: Mode,
-    /// Whether a demultiplexer map fd rides along with this reply (`SCM_RIGHTS`).
+    /// Whether the kernel demultiplexer's map and program descriptors ride along with this
+    /// reply (`SCM_RIGHTS`, in that order).
     #[serde(default)]
-    pub demux_fd: bool,
+    pub demux_fds: bool,
+}
+
+impl Lease {
+    /// The QPNs of the range.
+    pub fn qpns(&self) -> std::ops::RangeInclusive<u32> {
+        self.qpn_base..=self.qpn_base.saturating_add(self.qpn_count.max(1) - 1)
+    }
 }
 
 /// One client as the views show it: identity from the kernel, accounting from the daemon,

@@ -10,6 +10,10 @@
 //!   and ARP/neighbour resolution; needs `CAP_NET_RAW`;
 //! - [`sim`]: in-memory links with seeded loss, duplication, reordering and corruption.
 //!
+//! [`demux`] lets several processes share one `udp` address: the kernel steers each datagram
+//! to the process that owns its destination QPN; [`fwdring`] is the forwarding alternative
+//! (a daemon copies each datagram into its owner's shared-memory ring).
+//!
 //! Middleware wraps any backend: [`fault::FaultInjector`] applies the stack's one fault model
 //! (seeded loss, burst loss, duplication, reordering, corruption, delay) to what it sends.
 //!
@@ -39,7 +43,9 @@ use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
+pub mod demux;
 pub mod fault;
+pub mod fwdring;
 pub(crate) mod open;
 pub mod raw;
 pub mod sim;

@@ -2,6 +2,7 @@
 
 use std::net::IpAddr;
 
+use super::demux::Demux;
 use super::Datapath;
 use crate::error::OpenError;
 
@@ -10,6 +11,20 @@ pub(crate) fn udp(local: IpAddr, port: u16) -> Result<Box<dyn Datapath>, OpenErr
     let dp = super::udp::UdpDatapath::bind(
         std::net::SocketAddr::new(local, port),
         super::udp::UdpOptions::default(),
+    )?;
+    Ok(Box::new(dp))
+}
+
+/// Opens the `udp` backend on `local`:`port` as a member of a kernel-demux group.
+pub(crate) fn udp_demux(
+    local: IpAddr,
+    port: u16,
+    demux: &Demux,
+) -> Result<Box<dyn Datapath>, OpenError> {
+    let dp = super::udp::UdpDatapath::bind_demux(
+        std::net::SocketAddr::new(local, port),
+        super::udp::UdpOptions::default(),
+        demux,
     )?;
     Ok(Box::new(dp))
 }

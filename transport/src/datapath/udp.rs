@@ -55,6 +55,11 @@
 //!   We still *send* a real checksum (the kernel's default; offloaded, and every receiver
 //!   accepts it, including rxe, whose tunnel socket takes both), so middleboxes that insist on
 //!   IPv6 UDP checksums pass our traffic. `tests/udp_ipv6_checksum.rs` checks both directions.
+//! - **Kernel demux** ([`UdpDatapath::bind_demux`], [`super::demux`]): the socket binds with
+//!   `SO_REUSEPORT` into a group of processes sharing `IP:4791` and joins the steering map at
+//!   its slot. Then GSO runs are also cut at every change of BTH DestQP (the receiver's
+//!   program sees only a GSO message's first datagram), and neither `UDP_GRO` nor raw receive
+//!   is used (GRO merges by ports only; a raw socket sees everybody's datagrams).
 //! - **No `IP_RECVERR`**: on an unconnected socket ICMP errors are then not reported at all
 //!   (with it, they would come back as errors of later sends and receives); an unreachable
 //!   peer shows up as RC retries running out, like on a NIC.
@@ -67,11 +72,12 @@ use std::fmt;
 use std::io::{self, IoSliceMut};
 use std::mem;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::ptr;
 
 use socket2::{Domain, Protocol, SockAddr, SockFilter, Socket, Type};
 
+use super::demux::{Demux, DemuxError};
 use super::{Datapath, DatapathCaps, RxDrops, RxMeta, TxDatagram};
 use crate::error::OpenError;
 
@@ -231,6 +237,29 @@ pub enum UdpError {
         /// What the system said.
         source: io::Error,
     },
+    /// Kernel demux: the address's reuseport group belongs to another user, and the kernel
+    /// lets only one user's sockets share an address.
+    #[error(
+        "kernel demux on {addr}: the sockets sharing it belong to uid {owner} and this process \
+         runs as uid {uid}; the kernel lets only one user's sockets share an address, so kernel \
+         demux serves one user (use the daemon's forwarding mode for several users)"
+    )]
+    DemuxOtherUser {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The uid that owns the sockets on it.
+        owner: u32,
+        /// Ours.
+        uid: u32,
+    },
+    /// Kernel demux: joining the group failed.
+    #[error("udp backend on {addr}: {source}")]
+    Demux {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// What went wrong.
+        source: DemuxError,
+    },
     /// Another OS error while creating or configuring the socket.
     #[error("udp backend on {addr}: {op}: {source}")]
     Io {
@@ -249,7 +278,10 @@ impl From<UdpError> for io::Error {
             UdpError::AddrInUse { .. } => io::ErrorKind::AddrInUse,
             UdpError::AddrNotAvailable { .. } => io::ErrorKind::AddrNotAvailable,
             UdpError::UnspecifiedAddr { .. } => io::ErrorKind::InvalidInput,
-            UdpError::PermissionDenied { .. } => io::ErrorKind::PermissionDenied,
+            UdpError::PermissionDenied { .. } | UdpError::DemuxOtherUser { .. } => {
+                io::ErrorKind::PermissionDenied
+            }
+            UdpError::Demux { .. } => io::ErrorKind::Other,
             UdpError::Io { source, .. } => source.kind(),
         };
         Self::new(kind, e)
@@ -289,6 +321,8 @@ pub struct UdpDatapath {
     stats: UdpStats,
     /// The kernel's last `sk_drops` (a wrapping `u32`) folded into `stats.kernel_drops`.
     sk_drops: u32,
+    /// Kernel demux: our slot in the group (GSO runs then keep to one destination QPN).
+    demux_slot: Option<u32>,
     msgs: Msgs,
 }
 
@@ -302,6 +336,34 @@ impl UdpDatapath {
     /// not configured here, [`UdpError::UnspecifiedAddr`] for `0.0.0.0`/`::`,
     /// [`UdpError::PermissionDenied`], or [`UdpError::Io`].
     pub fn bind(local: SocketAddr, opts: UdpOptions) -> Result<Self, UdpError> {
+        Self::open(local, opts, None)
+    }
+
+    /// Opens a socket on `local` that shares it with other processes through kernel demux
+    /// ([`super::demux`]): bound with `SO_REUSEPORT` into the address's reuseport group and
+    /// put in `demux`'s slot, so that it receives exactly the datagrams whose destination QPN
+    /// is in the slot's range. `UDP_GRO` and raw receive are off whatever `opts` says, and
+    /// GSO runs keep to one destination QPN (see the module docs).
+    ///
+    /// # Errors
+    /// As [`UdpDatapath::bind`]; [`UdpError::DemuxOtherUser`] when the address's sockets
+    /// belong to another user; [`UdpError::AddrInUse`] when a socket without `SO_REUSEPORT`
+    /// (an exclusive rocectl, rdma_rxe) holds it; [`UdpError::Demux`] when joining the group
+    /// fails (the slot is taken...).
+    pub fn bind_demux(
+        local: SocketAddr,
+        opts: UdpOptions,
+        demux: &Demux,
+    ) -> Result<Self, UdpError> {
+        let opts = UdpOptions {
+            gro: false,
+            raw_receive: false,
+            ..opts
+        };
+        Self::open(local, opts, Some(demux))
+    }
+
+    fn open(local: SocketAddr, opts: UdpOptions, demux: Option<&Demux>) -> Result<Self, UdpError> {
         if local.ip().is_unspecified() {
             return Err(UdpError::UnspecifiedAddr { addr: local });
         }
@@ -321,6 +383,11 @@ impl UdpDatapath {
         socket
             .set_reuse_address(false)
             .map_err(io_err("clear SO_REUSEADDR"))?;
+        if demux.is_some() {
+            socket
+                .set_reuse_port(true)
+                .map_err(io_err("set SO_REUSEPORT"))?;
+        }
         // Best effort: the kernel caps these at net.core.{w,r}mem_max without failing.
         let _ = socket.set_send_buffer_size(opts.socket_buffer);
         let _ = socket.set_recv_buffer_size(opts.socket_buffer);
@@ -377,6 +444,7 @@ impl UdpDatapath {
         socket
             .bind(&SockAddr::from(local))
             .map_err(|source| match source.raw_os_error() {
+                Some(libc::EADDRINUSE) if demux.is_some() => demux_in_use(local),
                 Some(libc::EADDRINUSE) => UdpError::AddrInUse { addr: local },
                 Some(libc::EADDRNOTAVAIL) => UdpError::AddrNotAvailable { addr: local },
                 Some(libc::EACCES | libc::EPERM) => UdpError::PermissionDenied {
@@ -394,6 +462,14 @@ impl UdpDatapath {
             .map_err(io_err("read the bound address"))?
             .as_socket()
             .unwrap_or(local);
+        if let Some(d) = demux {
+            d.group()
+                .join(socket.as_fd(), d.slot())
+                .map_err(|source| UdpError::Demux {
+                    addr: local,
+                    source,
+                })?;
+        }
 
         let gso_segments = if opts.gso && gso_supported(fd) {
             // IPv4: only loopback destinations get GSO; report it as a capability only when
@@ -439,6 +515,7 @@ impl UdpDatapath {
             gro_segments,
             stats: UdpStats::default(),
             sk_drops: 0,
+            demux_slot: demux.map(Demux::slot),
             msgs: Msgs::new(batch, v4),
         })
     }
@@ -467,6 +544,11 @@ impl UdpDatapath {
     /// [`UdpOptions::raw_receive`]).
     pub fn raw_receive(&self) -> bool {
         self.raw.is_some()
+    }
+
+    /// Kernel demux: the slot this socket holds in its group ([`UdpDatapath::bind_demux`]).
+    pub fn demux_slot(&self) -> Option<u32> {
+        self.demux_slot
     }
 
     /// The descriptor datagrams are received from.
@@ -515,6 +597,7 @@ impl UdpDatapath {
         let gso_max = self.gso_segments;
         let max_payload = self.max_message_payload();
         let max_segment = self.max_segment();
+        let split_by_qpn = self.demux_slot.is_some();
         let mut i = 0;
         let mut m = 0;
         while i < batch.len() && m < self.msgs.capacity() {
@@ -537,6 +620,7 @@ impl UdpDatapath {
                         || len > seg
                         || n.payload.as_ptr() != end
                         || total + len > max_payload
+                        || (split_by_qpn && dest_qpn(n.payload) != dest_qpn(d.payload))
                     {
                         break;
                     }
@@ -1162,6 +1246,26 @@ fn setsockopt_int(
     Ok(())
 }
 
+/// The BTH DestQP bytes of a UDP payload (`None` if too short to hold them).
+fn dest_qpn(payload: &[u8]) -> Option<&[u8]> {
+    payload.get(5..8)
+}
+
+/// Why a demux bind found the address in use: the group belongs to another user, or a socket
+/// that does not share (no `SO_REUSEPORT`) holds it.
+fn demux_in_use(addr: SocketAddr) -> UdpError {
+    #[allow(unsafe_code)]
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let uid = unsafe { libc::geteuid() };
+    match crate::portowner::udp_socket_uids(addr)
+        .into_iter()
+        .find(|&u| u != uid)
+    {
+        Some(owner) => UdpError::DemuxOtherUser { addr, owner, uid },
+        None => UdpError::AddrInUse { addr },
+    }
+}
+
 /// Opens the raw receive socket for `local` (IPv4, not loopback): a raw IPv4 socket for UDP,
 /// bound to the address, with a filter that keeps datagrams to `local`'s port (first
 /// fragments only; the kernel has reassembled before raw delivery), non-blocking, with the
@@ -1444,6 +1548,36 @@ mod tests {
             assert_eq!(msgs.rx_name(0), Some(v6));
             assert!(!msgs.set_name(0, &"127.0.0.1:4791".parse().unwrap()));
         }
+    }
+
+    /// Kernel demux: a GSO message never carries two destination QPNs (the receiver's
+    /// steering program sees only its first datagram); without demux, runs ignore the QPN.
+    #[test]
+    fn demux_cuts_gso_runs_at_every_destination_qpn_change() {
+        let mut dp = UdpDatapath::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default())
+            .expect("a socket on loopback");
+        assert!(dp.gso_segments > 1, "UDP_SEGMENT (Linux 4.18+) on loopback");
+        let qpns = [1u8, 1, 1, 2, 2, 1, 3, 3, 3, 3];
+        let mut arena = Vec::new();
+        for &q in &qpns {
+            let mut d = [0u8; 32];
+            d[7] = q;
+            arena.extend_from_slice(&d);
+        }
+        let dst: SocketAddr = "127.0.0.1:4791".parse().unwrap();
+        let batch: Vec<TxDatagram<'_>> = arena
+            .chunks(32)
+            .map(|payload| TxDatagram {
+                dst,
+                payload,
+                ..TxDatagram::EMPTY
+            })
+            .collect();
+        let m = dp.prepare_tx(&batch);
+        assert_eq!((m, &dp.msgs.segments[..m]), (1, &[10][..]), "exclusive");
+        dp.demux_slot = Some(1);
+        let m = dp.prepare_tx(&batch);
+        assert_eq!(&dp.msgs.segments[..m], &[3, 2, 1, 4], "demux");
     }
 
     #[test]

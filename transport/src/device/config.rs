@@ -1,6 +1,7 @@
 //! How to open a device: the backend, who drives the engine, capture and seed.
 
 use std::net::IpAddr;
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -8,6 +9,7 @@ use roce_qp::verbs::Mtu;
 
 use crate::capture::CaptureFile;
 use crate::clock::Clock;
+use crate::datapath::demux::Demux;
 use crate::datapath::sim::SimNetwork;
 use crate::datapath::Datapath;
 
@@ -79,6 +81,14 @@ pub struct DeviceConfig {
     /// system clock otherwise. With a [`crate::clock::VirtualClock`] and
     /// [`Progress::Manual`], a scenario on the `sim` backend replays exactly from its seeds.
     pub clock: Option<Arc<dyn Clock>>,
+    /// Kernel demux (`udp` backend only): share the address with other processes, each
+    /// receiving the datagrams of its own QPN range (see [`crate::datapath::demux`]). `None`
+    /// (the default): this device holds the address alone.
+    pub demux: Option<Demux>,
+    /// Hand out QPNs only from this range (a daemon client's slot: forwarding mode, where
+    /// the daemon routes by QPN). Kernel demux sets it from [`DeviceConfig::demux`]. `None`:
+    /// all QPNs.
+    pub qpn_range: Option<RangeInclusive<u32>>,
     /// Never use the rocectl daemon: the device binds its address alone, as when no daemon
     /// runs (also forced by `ROCECTL_EXCLUSIVE=1`). See [`crate::control`].
     pub exclusive: bool,
@@ -100,6 +110,8 @@ impl DeviceConfig {
             seed: None,
             max_mr: 1 << 16,
             clock: None,
+            demux: None,
+            qpn_range: None,
             exclusive: false,
             daemon_socket: None,
         }
@@ -154,6 +166,19 @@ impl DeviceConfig {
     /// Sets the clock.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
+        self
+    }
+
+    /// Shares the address through kernel demux: the `udp` backend joins `demux`'s group at
+    /// its slot and QPNs are drawn from the slot's range only.
+    pub fn demux(mut self, demux: Demux) -> Self {
+        self.demux = Some(demux);
+        self
+    }
+
+    /// Draws QPNs only from `range` (random within it; the reserved QPNs stay out).
+    pub fn qpn_range(mut self, range: RangeInclusive<u32>) -> Self {
+        self.qpn_range = Some(range);
         self
     }
 

@@ -118,13 +118,15 @@ impl Device {
             (None, Backend::Sim { net, .. }) => net.clock().clone(),
             (None, _) => clock::system(),
         };
-        let (backend, daemon) = crate::control::attach(
-            config.backend,
+        // An explicit demux membership is the caller's own arrangement: no daemon then.
+        let (daemon, leased) = crate::control::attach(
+            &config.backend,
             &config.daemon_socket,
-            config.exclusive,
+            config.exclusive || config.demux.is_some(),
             &config.name,
         )?;
-        let dp = open_backend(backend)?;
+        let demux = config.demux.or(leased);
+        let dp = open_backend(config.backend, demux.as_ref())?;
         let caps = dp.caps();
         let local = dp.local_addr();
         let max_mtu = Mtu::for_netdev_mtu(caps.ip_mtu.min(4096 + 80)).ok_or(
@@ -143,7 +145,7 @@ impl Device {
         let backend = dp.name();
         // The GID table mirrors what rxe builds for the interface that owns our address.
         let netdev: Option<NetDevice> = match backend {
-            "udp" | "raw" => crate::netdev::interface_for_addr(local.ip()).ok(),
+            "udp" | "raw" | "fwd" => crate::netdev::interface_for_addr(local.ip()).ok(),
             _ => None,
         };
         let mac = netdev
@@ -178,8 +180,13 @@ impl Device {
         };
         let fd = engine.datapath().readiness_fd();
         let mut ids = Ids::new(config.seed).map_err(OpenError::Io)?;
-        if let Some(d) = &daemon {
-            ids.restrict(d.lease().qpn_base, d.lease().qpn_count);
+        let range = config
+            .qpn_range
+            .clone()
+            .or_else(|| demux.as_ref().map(|d| d.qpn_range()))
+            .or_else(|| daemon.as_ref().map(|d| d.lease().qpns()));
+        if let Some(r) = range {
+            ids.restrict(r);
         }
         let table_seed = ids.next_u64();
         let shared = Arc::new(DeviceShared {
@@ -401,7 +408,16 @@ fn open_capture(path: &std::path::Path, dev: &str) -> Result<CaptureFile, OpenEr
     })
 }
 
-fn open_backend(backend: Backend) -> Result<Box<dyn Datapath>, OpenError> {
+fn open_backend(
+    backend: Backend,
+    demux: Option<&crate::datapath::demux::Demux>,
+) -> Result<Box<dyn Datapath>, OpenError> {
+    if let Some(d) = demux {
+        return match backend {
+            Backend::Udp { local, port } => crate::datapath::open::udp_demux(local, port, d),
+            _ => Err(OpenError::Unsupported("kernel demux needs the udp backend")),
+        };
+    }
     match backend {
         Backend::Sim { net, local } => Ok(Box::new(net.open(local).map_err(|e| {
             OpenError::AddrInUse {

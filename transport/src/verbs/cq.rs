@@ -206,7 +206,10 @@ mod tests {
     use std::time::Duration;
 
     use super::super::pd::testing::{rc_pair, Side};
-    use crate::{Access, Completion, RecvWr, SendOp, SendWr, SimNetwork, VerbsError};
+    use crate::{
+        Access, AttrMask, Completion, ConnectOptions, Psn, QpAttr, QpInit, QpState, QpType, RecvWr,
+        RemoteQp, SendOp, SendWr, SimNetwork, VerbsError, WcStatus,
+    };
 
     /// Sends one 8-byte message from `a` to `b` and waits for both completions (until `b`'s
     /// CQ holds `id` completions: the tests send ids 1, 2, ... and poll only at the end).
@@ -287,6 +290,56 @@ mod tests {
             wc[..3].iter().map(|c| c.wr_id).collect::<Vec<_>>(),
             [1, 2, 3]
         );
+    }
+
+    #[test]
+    fn a_qp_reset_removes_its_completions_and_only_its() {
+        let net = SimNetwork::perfect();
+        let (a, b) = rc_pair(&net, 6);
+        send(&a, &b, 1);
+        // A second QP on `b`'s CQ, moved to ERR with a receive posted: one flush of its own.
+        let other = b.pd.create_qp(&QpInit::new(QpType::Rc, &b.cq)).unwrap();
+        let itself = RemoteQp {
+            qpn: other.qpn(),
+            psn: Psn::new(0),
+            gid: b.dev.local_gid(),
+        };
+        other.connect(&itself, &ConnectOptions::default()).unwrap();
+        let err = QpAttr {
+            state: QpState::Err,
+            ..QpAttr::default()
+        };
+        other
+            .post_recv(RecvWr {
+                wr_id: 90,
+                sges: vec![],
+            })
+            .unwrap();
+        other.modify(&err, AttrMask::STATE).unwrap();
+        // `b`'s QP errs with two receives posted: two flushes, behind the other QP's.
+        for id in [20, 21] {
+            b.qp.post_recv(RecvWr {
+                wr_id: id,
+                sges: vec![],
+            })
+            .unwrap();
+        }
+        b.qp.modify(&err, AttrMask::STATE).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while b.cq.len() < 4 {
+            assert!(std::time::Instant::now() < deadline, "flushes missing");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let reset = QpAttr {
+            state: QpState::Reset,
+            ..QpAttr::default()
+        };
+        b.qp.modify(&reset, AttrMask::STATE).unwrap();
+        // Left: the other QP's flush only (the success and the flushes of `b.qp` went).
+        let mut wc = [Completion::EMPTY; 8];
+        assert_eq!(b.cq.poll(&mut wc), 1);
+        assert_eq!((wc[0].wr_id, wc[0].qp_num), (90, other.qpn()));
+        assert_eq!(wc[0].status, WcStatus::WrFlushErr);
     }
 
     /// As [`send`], but the receive overflows `b`'s full CQ, so wait for the overflow flag.

@@ -178,6 +178,42 @@ impl MemoryRegion {
         }
     }
 
+    /// Re-registers the region in place (`ibv_rereg_mr`): the caller's memory `ptr .. ptr +
+    /// len` at `iova` in `pd` with `access`, keeping the lkey and rkey (peers that hold the
+    /// rkey reach the new mapping). Waits for any access in progress to the old mapping; the
+    /// old memory is never touched again. On error the region is unchanged.
+    ///
+    /// # Safety
+    /// As [`ProtectionDomain::register_raw`], for the new memory.
+    ///
+    /// # Errors
+    /// [`VerbsError::WrongDevice`]: `pd` belongs to another device;
+    /// [`VerbsError::Register`]: the checks of [`ProtectionDomain::register_raw`], memory
+    /// windows bound to the region.
+    #[allow(unsafe_code)]
+    pub unsafe fn reregister_raw(
+        &mut self,
+        pd: &ProtectionDomain,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<(), VerbsError> {
+        let table = &self.pd.inner.dev.shared().table;
+        if !std::sync::Arc::ptr_eq(table, &pd.inner.dev.shared().table) {
+            return Err(VerbsError::WrongDevice(
+                "the new protection domain belongs to another device",
+            ));
+        }
+        // SAFETY: forwarded to our caller's contract, which is `MrTable::reregister_raw`'s.
+        unsafe { table.reregister_raw(self.key, pd.inner.pd, ptr, len, iova, access) }?;
+        self.pd = pd.clone();
+        self.addr = iova;
+        self.len = len;
+        self.access = access;
+        Ok(())
+    }
+
     /// Copies bytes out of the region.
     ///
     /// # Errors
@@ -257,6 +293,37 @@ mod tests {
         // Dropping the region removed its key: the same write is refused.
         assert_eq!(write(&a, &src, 0x5555_0008, rkey), WcStatus::RemAccessErr);
         assert_eq!(&buf[8..24], &[0xAB; 16]);
+    }
+
+    #[test]
+    #[allow(unsafe_code)]
+    fn reregistration_keeps_the_rkey_a_peer_holds() {
+        let net = SimNetwork::perfect();
+        let (a, b) = rc_pair(&net, 5);
+        let mut old = vec![0u8; 32];
+        let mut new = vec![0u8; 64];
+        let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        // SAFETY: both buffers outlive `dst`, dropped before they are read.
+        let mut dst = unsafe { b.pd.register_raw(old.as_mut_ptr(), 32, 0x7000, rights) }.unwrap();
+        let rkey = dst.rkey();
+        let pd2 = b.dev.alloc_pd();
+        // SAFETY: as above.
+        let bad =
+            unsafe { dst.reregister_raw(&pd2, new.as_mut_ptr(), 64, 0x9000, Access::REMOTE_WRITE) };
+        assert!(matches!(bad, Err(crate::VerbsError::Register(_))));
+        assert_eq!((dst.addr(), dst.len()), (0x7000, 32));
+        let other = a.dev.alloc_pd();
+        // SAFETY: as above.
+        let bad = unsafe { dst.reregister_raw(&other, new.as_mut_ptr(), 64, 0x9000, rights) };
+        assert!(matches!(bad, Err(crate::VerbsError::WrongDevice(_))));
+        // SAFETY: as above.
+        unsafe { dst.reregister_raw(&b.pd, new.as_mut_ptr(), 64, 0x9000, rights) }.unwrap();
+        assert_eq!((dst.rkey(), dst.addr(), dst.len()), (rkey, 0x9000, 64));
+        let src = a.pd.register(vec![0xCD; 8], Access::empty()).unwrap();
+        assert_eq!(write(&a, &src, 0x9038, rkey), WcStatus::Success);
+        drop(dst);
+        assert_eq!(&new[56..], &[0xCD; 8]);
+        assert!(old.iter().all(|&x| x == 0));
     }
 
     #[test]

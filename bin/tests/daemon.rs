@@ -659,3 +659,154 @@ fn man_pages_and_completions_come_from_the_cli_definition() {
         assert!(text.contains("daemon") && text.contains("res"), "{shell}");
     }
 }
+
+/// A rocectl tool in `ns` using the daemon at `d`.
+fn tool(ns: &TempNetns, d: &Daemon, args: &[&str], what: &str) -> Proc {
+    let mut cmd = ns.command("env");
+    cmd.arg(format!("ROCECTL_DAEMON_SOCKET={}", d.socket.display()));
+    cmd.arg(ROCECTL).args(args);
+    Proc::spawn(cmd, what, &d.dir.0).unwrap()
+}
+
+/// Many processes on one address, like on a NIC: three `rc-pingpong --chk` pairs and one
+/// `write-bw` pair (8 processes, each its own device on 127.0.0.1:4791) run at once through
+/// the daemon's kernel demultiplexer, every pingpong byte checked; a ninth and tenth process
+/// (another pingpong pair) are started too and the server is killed with SIGKILL mid-run,
+/// which must not disturb the others.
+#[test]
+fn eight_processes_share_one_address_and_a_killed_one_disturbs_nobody() {
+    if !netns_or_skip("eight_processes_share_one_address_and_a_killed_one_disturbs_nobody") {
+        return;
+    }
+    let ns = TempNetns::create("dmn-many").unwrap();
+    let d = Daemon::start("many", Some(&ns), "");
+    let limit = Duration::from_secs(120);
+    // The victim pair first, with far more iterations than the others need.
+    let victim = tool(
+        &ns,
+        &d,
+        &[
+            "rc-pingpong",
+            "-d",
+            "lo",
+            "-p",
+            "18700",
+            "-n",
+            "100000000",
+            "--chk",
+        ],
+        "victim server",
+    );
+    wait_for(Duration::from_secs(10), "the victim's QP", || {
+        (!d.clients_with_pid(victim.pid()).is_empty()).then_some(())
+    });
+    let victim_peer = tool(
+        &ns,
+        &d,
+        &[
+            "rc-pingpong",
+            "-d",
+            "lo",
+            "-p",
+            "18700",
+            "-n",
+            "100000000",
+            "--chk",
+            "127.0.0.1",
+        ],
+        "victim client",
+    );
+    let mut servers = Vec::new();
+    for i in 0..3u16 {
+        let port = (18_701 + i).to_string();
+        servers.push(tool(
+            &ns,
+            &d,
+            &["rc-pingpong", "-d", "lo", "-p", &port, "-n", "300", "--chk"],
+            "pingpong server",
+        ));
+    }
+    servers.push(tool(
+        &ns,
+        &d,
+        &[
+            "write-bw", "-d", "lo", "-p", "18710", "-n", "300", "-s", "65536",
+        ],
+        "write-bw server",
+    ));
+    // Clients after their servers listen (the servers register with the daemon first).
+    wait_for(Duration::from_secs(20), "four servers registered", || {
+        servers
+            .iter()
+            .all(|s| !d.clients_with_pid(s.pid()).is_empty())
+            .then_some(())
+    });
+    let mut clients = Vec::new();
+    for i in 0..3u16 {
+        let port = (18_701 + i).to_string();
+        clients.push(tool(
+            &ns,
+            &d,
+            &[
+                "rc-pingpong",
+                "-d",
+                "lo",
+                "-p",
+                &port,
+                "-n",
+                "300",
+                "--chk",
+                "127.0.0.1",
+            ],
+            "pingpong client",
+        ));
+    }
+    clients.push(tool(
+        &ns,
+        &d,
+        &[
+            "write-bw",
+            "-d",
+            "lo",
+            "-p",
+            "18710",
+            "-n",
+            "300",
+            "-s",
+            "65536",
+            "127.0.0.1",
+        ],
+        "write-bw client",
+    ));
+    // Ten device clients at once, each in its own QPN range.
+    let rows = wait_for(Duration::from_secs(20), "ten clients in res show", || {
+        let r = d.json(&["res", "show", "-j"]);
+        (r.len() >= 10).then_some(r)
+    });
+    let mut slots: Vec<u64> = rows.iter().map(|r| r["slot"].as_u64().unwrap()).collect();
+    slots.sort_unstable();
+    slots.dedup();
+    assert_eq!(
+        slots.len(),
+        rows.len(),
+        "two clients share a range: {rows:?}"
+    );
+    // Mid-run: kill the victim's server.
+    let killed = Instant::now();
+    signal(victim.pid(), "-KILL");
+    wait_for(Duration::from_secs(10), "the victim reaped", || {
+        d.clients_with_pid(victim.pid()).is_empty().then_some(())
+    });
+    eprintln!(
+        "victim reaped {} ms after kill -9",
+        killed.elapsed().as_millis()
+    );
+    for p in servers.into_iter().chain(clients) {
+        let what = p.what().to_owned();
+        let out = p.wait(limit);
+        assert!(out.success(), "{what}: {}", out.combined());
+    }
+    drop(victim_peer);
+    let log = d.log();
+    assert!(log.contains("client reaped (process exited)"), "{log}");
+}

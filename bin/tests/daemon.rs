@@ -86,6 +86,23 @@ impl Daemon {
         d
     }
 
+    /// Stops the daemon (SIGTERM, status 0) and starts it again on the same configuration,
+    /// in `ns` when given.
+    fn restart(&mut self, ns: Option<&TempNetns>) {
+        signal(self.pid(), "-TERM");
+        let out = self.proc.take().unwrap().wait(Duration::from_secs(5));
+        assert!(out.success(), "{}", out.combined());
+        let cfg = self.dir.0.join("rocectl.toml");
+        let mut cmd = match ns {
+            Some(ns) => ns.command(ROCECTL),
+            None => Command::new(ROCECTL),
+        };
+        cmd.args(["daemon", "--config"]).arg(&cfg);
+        cmd.env("RUST_LOG", "info");
+        self.proc = Some(Proc::spawn(cmd, "rocectl daemon (restarted)", &self.dir.0).unwrap());
+        self.wait_for_socket();
+    }
+
     fn wait_for_socket(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while UnixStream::connect(&self.socket).is_err() {
@@ -809,4 +826,107 @@ fn eight_processes_share_one_address_and_a_killed_one_disturbs_nobody() {
     drop(victim_peer);
     let log = d.log();
     assert!(log.contains("client reaped (process exited)"), "{log}");
+}
+
+/// A BPF filesystem mounted on a fresh directory, unmounted on drop.
+struct BpfFs(TmpDir);
+
+impl Drop for BpfFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0 .0).status();
+    }
+}
+
+/// Daemon restart in kernel-demux mode: with the demultiplexer pinned, a restarted daemon
+/// takes the same group back; a pingpong pair running across the restart finishes with every
+/// byte checked, a pair started after it runs too (the old pair's slots, which the new daemon
+/// never allocated, are skipped), and when the old pair exits its slots are quarantined.
+#[test]
+fn a_restarted_daemon_keeps_established_clients_running() {
+    if !netns_or_skip("a_restarted_daemon_keeps_established_clients_running") {
+        return;
+    }
+    let bpf = BpfFs(TmpDir::new("bpffs"));
+    let mounted = Command::new("mount")
+        .args(["-t", "bpf", "bpf"])
+        .arg(&bpf.0 .0)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        roce_testkit::skip(
+            "a_restarted_daemon_keeps_established_clients_running",
+            "cannot mount a BPF filesystem (mount -t bpf)",
+        );
+        return;
+    }
+    let ns = TempNetns::create("dmn-rst").unwrap();
+    let pin = bpf.0 .0.join("group");
+    let mut d = Daemon::start(
+        "restart",
+        Some(&ns),
+        &format!("[demux]\npin_dir = \"{}\"\n", pin.display()),
+    );
+    let long = [
+        "rc-pingpong",
+        "-d",
+        "lo",
+        "-p",
+        "18720",
+        "-n",
+        "40000",
+        "--chk",
+    ];
+    let mut srv = tool(&ns, &d, &long, "long server");
+    wait_for(Duration::from_secs(10), "the long server", || {
+        (!d.clients_with_pid(srv.pid()).is_empty()).then_some(())
+    });
+    let mut with_host = long.to_vec();
+    with_host.push("127.0.0.1");
+    let mut cli = tool(&ns, &d, &with_host, "long client");
+    wait_for(Duration::from_secs(10), "the long pair running", || {
+        d.json(&["res", "show", "qp", "-j"])
+            .iter()
+            .filter(|r| r["state"] == "RTS")
+            .count()
+            .ge(&2)
+            .then_some(())
+    });
+    d.restart(Some(&ns));
+    assert!(
+        !srv.exited() && !cli.exited(),
+        "the long pair ended before the restart"
+    );
+    assert!(d.log().contains("taken back from its pin"), "{}", d.log());
+    // A new pair after the restart.
+    let short = [
+        "rc-pingpong",
+        "-d",
+        "lo",
+        "-p",
+        "18721",
+        "-n",
+        "300",
+        "--chk",
+    ];
+    let s2 = tool(&ns, &d, &short, "new server");
+    wait_for(Duration::from_secs(10), "the new server", || {
+        (!d.clients_with_pid(s2.pid()).is_empty()).then_some(())
+    });
+    let mut short_c = short.to_vec();
+    short_c.push("127.0.0.1");
+    let c2 = tool(&ns, &d, &short_c, "new client");
+    for p in [s2, c2, srv, cli] {
+        let what = p.what().to_owned();
+        let out = p.wait(Duration::from_secs(120));
+        assert!(out.success(), "{what}: {}", out.combined());
+    }
+    wait_for(
+        Duration::from_secs(5),
+        "the old pair's slots quarantined",
+        || {
+            d.log()
+                .contains("the member of an earlier daemon run left its QPN range")
+                .then_some(())
+        },
+    );
 }

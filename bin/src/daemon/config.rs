@@ -15,6 +15,9 @@
 //! range_size = 65536               # QPNs per client (power of two, 256 ..= 1048576)
 //! quarantine_ms = 10000            # a dead client's range waits this long before reuse
 //!
+//! [demux]
+//! pin_dir = "/sys/fs/bpf/rocectl"  # keep the demultiplexer across daemon restarts
+//!
 //! [limits]
 //! max_clients = 64                 # device clients at once (default: as many as ranges)
 //! [limits.per_uid]                 # every client of one uid together
@@ -59,6 +62,19 @@ pub(crate) struct Config {
     /// Resource limits.
     #[serde(default)]
     pub(crate) limits: Limits,
+    /// The kernel demultiplexer.
+    #[serde(default)]
+    pub(crate) demux: DemuxConfig,
+}
+
+/// `[demux]`.
+#[derive(Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DemuxConfig {
+    /// A directory in a BPF filesystem where the group's map and program are pinned: a
+    /// restarted daemon takes the same group back, so established clients keep their data
+    /// path and new ones join the same map. Without it a restart strands the old clients.
+    pub(crate) pin_dir: Option<PathBuf>,
 }
 
 fn default_mode() -> Mode {

@@ -89,7 +89,7 @@ pub(crate) fn run(args: &DaemonArgs) -> anyhow::Result<ExitCode> {
     }
     init_logging();
     let (listener, owned_path) = open_socket(&cfg, gid)?;
-    let demux = open_demux(cfg.mode, cfg.qpn.range_size)?;
+    let demux = open_demux(cfg.mode, cfg.qpn.range_size, cfg.demux.pin_dir.as_deref())?;
     let welcome = Welcome {
         major: PROTOCOL_MAJOR,
         minor: PROTOCOL_MINOR,
@@ -207,11 +207,35 @@ fn open_socket(cfg: &Config, gid: Option<u32>) -> anyhow::Result<(UnixListener, 
 /// # Errors
 /// The kernel refuses (no `CAP_BPF`/`CAP_NET_ADMIN`, or the program is rejected): clients
 /// could not share the address, so the daemon does not start.
-fn open_demux(mode: Mode, range_size: u32) -> anyhow::Result<Option<DemuxGroup>> {
+///
+/// With `pin_dir`, a group pinned there by an earlier run is taken back (its members keep
+/// their slots), else a new one is created and pinned.
+fn open_demux(
+    mode: Mode,
+    range_size: u32,
+    pin_dir: Option<&Path>,
+) -> anyhow::Result<Option<DemuxGroup>> {
     match mode {
         Mode::KernelDemux => {
             let layout = SlotLayout::new(range_size.trailing_zeros() as u8)?;
-            let group = DemuxGroup::create(layout)?;
+            let pinned = pin_dir.and_then(|d| DemuxGroup::open_pinned(d, layout).ok());
+            let group = match (pinned, pin_dir) {
+                (Some(g), Some(dir)) => {
+                    info!(dir = %dir.display(), "kernel demultiplexer taken back from its pin");
+                    g
+                }
+                (_, dir) => {
+                    let g = DemuxGroup::create(layout)?;
+                    if let Some(dir) = dir {
+                        std::fs::create_dir_all(dir)
+                            .with_context(|| format!("creating {}", dir.display()))?;
+                        g.pin(dir).with_context(|| {
+                            format!("pinning the demultiplexer in {}", dir.display())
+                        })?;
+                    }
+                    g
+                }
+            };
             info!(
                 slots = layout.slots(),
                 map_id = group.map_id().unwrap_or(0),

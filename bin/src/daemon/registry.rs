@@ -60,6 +60,9 @@ enum Slot {
     Quarantined {
         until: Instant,
     },
+    /// A member the daemon does not know holds it (a client of an earlier daemon run, with a
+    /// pinned demultiplexer): out of circulation until its socket goes.
+    Orphan,
 }
 
 #[derive(Debug)]
@@ -152,20 +155,29 @@ impl Registry {
     /// # Errors
     /// [`ControlError`]: the connection is a viewer or holds a range already, a clients
     /// limit, another uid holds ranges in kernel-demux mode, or no free range.
+    ///
+    /// `occupied(slot)` says whether the data path already has a member in a slot; such a
+    /// slot (a client of an earlier daemon run) becomes an orphan, never handed out while
+    /// occupied.
     pub(crate) fn alloc_range(
         &mut self,
         id: ClientId,
         now: Instant,
+        occupied: &dyn Fn(u32) -> bool,
     ) -> Result<Lease, ControlError> {
         self.expire(now);
-        let r = self.try_alloc(id);
+        let r = self.try_alloc(id, occupied);
         if matches!(r, Err(ControlError::LimitExceeded { .. })) {
             self.refusals += 1;
         }
         r
     }
 
-    fn try_alloc(&mut self, id: ClientId) -> Result<Lease, ControlError> {
+    fn try_alloc(
+        &mut self,
+        id: ClientId,
+        occupied: &dyn Fn(u32) -> bool,
+    ) -> Result<Lease, ControlError> {
         let Some(c) = self.clients.get(&id) else {
             return Err(ControlError::BadRequest {
                 reason: "unknown connection".into(),
@@ -198,16 +210,25 @@ impl Registry {
             check(Resource::Clients, Scope::Uid, u64::from(max), mine, 1)?;
         }
         let n = self.slots.len() as u32;
-        let slot = (1..=n)
-            .map(|i| (self.cursor + i) % n)
-            .find(|&s| self.slots[s as usize] == Slot::Free)
-            .ok_or_else(|| ControlError::NoFreeRange {
-                quarantined: self
-                    .slots
-                    .iter()
-                    .filter(|s| matches!(s, Slot::Quarantined { .. }))
-                    .count() as u32,
-            })?;
+        let mut pick = None;
+        for s in (1..=n).map(|i| (self.cursor + i) % n) {
+            if self.slots[s as usize] != Slot::Free {
+                continue;
+            }
+            if occupied(s) {
+                self.slots[s as usize] = Slot::Orphan;
+                continue;
+            }
+            pick = Some(s);
+            break;
+        }
+        let slot = pick.ok_or_else(|| ControlError::NoFreeRange {
+            quarantined: self
+                .slots
+                .iter()
+                .filter(|s| matches!(s, Slot::Quarantined { .. }))
+                .count() as u32,
+        })?;
         self.slots[slot as usize] = Slot::Owned(id);
         self.cursor = slot;
         let lease = Lease {
@@ -289,6 +310,22 @@ impl Registry {
             objects: c.objects,
             quarantined_until: until,
         })
+    }
+
+    /// The orphaned slots.
+    pub(crate) fn orphans(&self) -> Vec<u32> {
+        (0..self.slots.len() as u32)
+            .filter(|&s| self.slots[s as usize] == Slot::Orphan)
+            .collect()
+    }
+
+    /// An orphan's member is gone: the slot waits out the quarantine like any other.
+    pub(crate) fn orphan_gone(&mut self, slot: u32, now: Instant) {
+        if let Some(s @ Slot::Orphan) = self.slots.get_mut(slot as usize) {
+            *s = Slot::Quarantined {
+                until: now + self.policy.quarantine,
+            };
+        }
     }
 
     /// Every device client holding a range, oldest connection first.
@@ -382,6 +419,9 @@ mod tests {
 
     use super::*;
 
+    /// A data path with no member anywhere.
+    const NONE: fn(u32) -> bool = |_| false;
+
     fn policy(range_size: u32) -> Policy {
         Policy {
             mode: Mode::KernelDemux,
@@ -418,7 +458,7 @@ mod tests {
         let mut r = Registry::new(policy(1 << 23));
         let t0 = Instant::now();
         let a = device(&mut r, 1, 0, t0);
-        let la = r.alloc_range(a, t0).unwrap();
+        let la = r.alloc_range(a, t0, &NONE).unwrap();
         assert_eq!(la.slot, 1);
         assert_eq!((la.qpn_base, la.qpn_count), (1 << 23, 1 << 23));
         let reaped = r.disconnect(a, t0).unwrap();
@@ -426,11 +466,13 @@ mod tests {
         assert_eq!(reaped.quarantined_until, t0 + Duration::from_millis(100));
         let b = device(&mut r, 2, 0, t0);
         let e = r
-            .alloc_range(b, t0 + Duration::from_millis(99))
+            .alloc_range(b, t0 + Duration::from_millis(99), &NONE)
             .unwrap_err();
         assert_eq!(e, ControlError::NoFreeRange { quarantined: 1 });
         assert_eq!(r.stats(t0).slots_quarantined, 1);
-        let lb = r.alloc_range(b, t0 + Duration::from_millis(100)).unwrap();
+        let lb = r
+            .alloc_range(b, t0 + Duration::from_millis(100), &NONE)
+            .unwrap();
         assert_eq!(lb.slot, 1);
         assert_eq!(r.stats(t0).clients_reaped, 1);
     }
@@ -444,7 +486,7 @@ mod tests {
         let ids: Vec<_> = (1..=3).map(|i| device(&mut r, i, 0, t)).collect();
         let slots: Vec<_> = ids
             .iter()
-            .map(|&i| r.alloc_range(i, t).unwrap().slot)
+            .map(|&i| r.alloc_range(i, t, &NONE).unwrap().slot)
             .collect();
         assert_eq!(slots, [1, 2, 3]);
         let mut zero = Registry::new(Policy {
@@ -452,11 +494,11 @@ mod tests {
             ..policy(1 << 22)
         });
         let a = device(&mut zero, 1, 0, t);
-        assert_eq!(zero.alloc_range(a, t).unwrap().slot, 1);
+        assert_eq!(zero.alloc_range(a, t, &NONE).unwrap().slot, 1);
         zero.disconnect(a, t);
         let b = device(&mut zero, 2, 0, t);
         assert_eq!(
-            zero.alloc_range(b, t).unwrap().slot,
+            zero.alloc_range(b, t, &NONE).unwrap().slot,
             2,
             "not the one just freed"
         );
@@ -467,15 +509,15 @@ mod tests {
         let mut r = Registry::new(policy(1 << 16));
         let t = Instant::now();
         let a = device(&mut r, 1, 0, t);
-        let slot = r.alloc_range(a, t).unwrap().slot;
+        let slot = r.alloc_range(a, t, &NONE).unwrap().slot;
         assert_eq!(
-            r.alloc_range(a, t),
+            r.alloc_range(a, t, &NONE),
             Err(ControlError::AlreadyHasRange { slot })
         );
         let v = ClientId(9);
         r.connect(v, cred(9, 0), "v".into(), Role::View, t);
         assert!(matches!(
-            r.alloc_range(v, t),
+            r.alloc_range(v, t, &NONE),
             Err(ControlError::BadRequest { .. })
         ));
         assert_eq!(r.reserve(v, Objects::qp()), Err(ControlError::NoRange));
@@ -503,8 +545,8 @@ mod tests {
         let t = Instant::now();
         let a = device(&mut r, 1, 7, t);
         let b = device(&mut r, 2, 7, t);
-        r.alloc_range(a, t).unwrap();
-        r.alloc_range(b, t).unwrap();
+        r.alloc_range(a, t, &NONE).unwrap();
+        r.alloc_range(b, t, &NONE).unwrap();
         r.reserve(a, Objects::qp()).unwrap();
         r.reserve(a, Objects::qp()).unwrap();
         let e = r.reserve(a, Objects::qp()).unwrap_err();
@@ -546,7 +588,7 @@ mod tests {
         r.reserve(b, Objects::qp()).unwrap();
         // A third client of uid 7: the per-uid clients limit.
         let c = device(&mut r, 3, 7, t);
-        let e = r.alloc_range(c, t).unwrap_err();
+        let e = r.alloc_range(c, t, &NONE).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -571,15 +613,37 @@ mod tests {
         let mut r = Registry::new(policy(1 << 16));
         let t = Instant::now();
         let a = device(&mut r, 1, 1000, t);
-        r.alloc_range(a, t).unwrap();
+        r.alloc_range(a, t, &NONE).unwrap();
         let b = device(&mut r, 2, 1001, t);
-        let e = r.alloc_range(b, t).unwrap_err();
+        let e = r.alloc_range(b, t, &NONE).unwrap_err();
         assert!(
             matches!(&e, ControlError::Forbidden { reason: m } if m.contains("one trust domain")),
             "{e:?}"
         );
         r.disconnect(a, t);
-        r.alloc_range(b, t).unwrap();
+        r.alloc_range(b, t, &NONE).unwrap();
+    }
+
+    /// A slot a member of an earlier daemon run still holds is skipped, becomes an orphan,
+    /// and after its member goes waits out the quarantine.
+    #[test]
+    fn occupied_slots_become_orphans_until_their_member_goes() {
+        let mut r = Registry::new(policy(1 << 22)); // client slots 1..=3
+        let t = Instant::now();
+        let a = device(&mut r, 1, 0, t);
+        let occupied = |s: u32| s == 1 || s == 2;
+        assert_eq!(r.alloc_range(a, t, &occupied).unwrap().slot, 3);
+        assert_eq!(r.orphans(), [1, 2]);
+        let b = device(&mut r, 2, 0, t);
+        assert!(matches!(
+            r.alloc_range(b, t, &NONE),
+            Err(ControlError::NoFreeRange { .. })
+        ));
+        r.orphan_gone(1, t);
+        assert_eq!(r.orphans(), [2]);
+        assert_eq!(r.stats(t).slots_quarantined, 1);
+        let later = t + Duration::from_millis(100);
+        assert_eq!(r.alloc_range(b, later, &NONE).unwrap().slot, 1);
     }
 
     #[derive(Clone, Debug)]
@@ -619,7 +683,7 @@ mod tests {
                     }
                     Op::Alloc(i) if !conns.is_empty() => {
                         let id = conns[i % conns.len()];
-                        if let Ok(l) = r.alloc_range(id, now) {
+                        if let Ok(l) = r.alloc_range(id, now, &NONE) {
                             prop_assert!(l.slot != 0);
                             if let Some(&d) = died.get(&l.slot) {
                                 prop_assert!(now >= d + Duration::from_millis(100));

@@ -59,6 +59,7 @@ impl Server {
                 for slot in ticker.registry().expire(Instant::now()) {
                     info!(slot, "QPN range out of quarantine, free again");
                 }
+                ticker.check_orphans();
             });
         for conn in listener.incoming() {
             match conn {
@@ -76,6 +77,21 @@ impl Server {
                     warn!(error = %e, "accept failed");
                     std::thread::sleep(Duration::from_millis(10));
                 }
+            }
+        }
+    }
+
+    /// Moves the orphaned slots whose member is gone to quarantine.
+    fn check_orphans(&self) {
+        let Some(g) = &self.demux else { return };
+        let orphans = self.registry().orphans();
+        for slot in orphans {
+            if matches!(g.occupant(slot), Ok(None)) {
+                self.registry().orphan_gone(slot, Instant::now());
+                info!(
+                    slot,
+                    "the member of an earlier daemon run left its QPN range; quarantined"
+                );
             }
         }
     }
@@ -131,6 +147,19 @@ impl Server {
         let t = Instant::now();
         let reaped = self.registry().disconnect(id, t);
         if let Some(r) = reaped {
+            // A closed socket leaves the map by itself; a live one (the process closed only
+            // its control connection) is evicted: the range is no longer its.
+            let evicted = self
+                .demux
+                .as_ref()
+                .is_some_and(|g| g.vacate(r.slot).unwrap_or(false));
+            if evicted {
+                warn!(
+                    pid = r.pid,
+                    slot = r.slot,
+                    "evicted a socket that outlived its control connection"
+                );
+            }
             let exited = pidfd
                 .as_ref()
                 .map(|p| pidfd_exited(p.as_fd(), Duration::from_millis(200)));
@@ -189,7 +218,11 @@ impl Server {
             Request::Hello(_) => Err(ControlError::BadRequest {
                 reason: "a second hello".into(),
             }),
-            Request::AllocRange { device } => match reg.alloc_range(id, now) {
+            Request::AllocRange { device } => match reg.alloc_range(id, now, &|slot| {
+                self.demux
+                    .as_ref()
+                    .is_some_and(|g| g.occupant(slot).ok().flatten().is_some())
+            }) {
                 Ok(mut lease) => {
                     lease.demux_fds = self.demux.is_some();
                     info!(

@@ -582,6 +582,15 @@ fn shutdown_removes_the_socket_and_a_live_socket_is_not_stolen() {
     signal(d.pid(), "-KILL");
     let _ = d.proc.take().unwrap().wait(Duration::from_secs(5));
     assert!(d.socket.exists());
+    // A device finds the stale socket: a clear error naming it, within the reply timeout,
+    // before any UDP socket is opened.
+    let t = Instant::now();
+    let e = Device::open(DeviceConfig::udp("127.0.0.1".parse().unwrap()).daemon_socket(&d.socket))
+        .unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(1));
+    let text = e.to_string();
+    assert!(text.contains(&d.socket.display().to_string()), "{text}");
+    assert!(text.contains("ROCECTL_EXCLUSIVE=1"), "{text}");
     let cfg = d.dir.0.join("rocectl.toml");
     let mut cmd = Command::new(ROCECTL);
     cmd.args(["daemon", "--config"]).arg(&cfg);
@@ -929,4 +938,35 @@ fn a_restarted_daemon_keeps_established_clients_running() {
                 .then_some(())
         },
     );
+}
+
+/// `ROCECTL_EXCLUSIVE=1` keeps a tool off the daemon: it binds the address alone and the
+/// daemon never hears of it.
+#[test]
+fn rocectl_exclusive_keeps_a_process_off_the_daemon() {
+    if !netns_or_skip("rocectl_exclusive_keeps_a_process_off_the_daemon") {
+        return;
+    }
+    let ns = TempNetns::create("dmn-excl").unwrap();
+    let d = Daemon::start("excl", Some(&ns), "");
+    let mut cmd = ns.command("env");
+    cmd.arg(format!("ROCECTL_DAEMON_SOCKET={}", d.socket.display()));
+    cmd.arg("ROCECTL_EXCLUSIVE=1");
+    cmd.args([ROCECTL, "rc-pingpong", "-d", "lo", "-p", "18730"]);
+    let p = Proc::spawn(cmd, "exclusive server", &d.dir.0).unwrap();
+    wait_for(
+        Duration::from_secs(10),
+        "the exclusive device bound to 4791",
+        || {
+            let out = ns
+                .command("ss")
+                .args(["-Hlunp", "sport = :4791"])
+                .output()
+                .ok()?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.contains(&format!("pid={}", p.pid())).then_some(())
+        },
+    );
+    assert!(d.json(&["res", "show", "-j"]).is_empty());
+    assert!(!d.log().contains("QPN range allocated"), "{}", d.log());
 }

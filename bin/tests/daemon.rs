@@ -748,7 +748,7 @@ fn eight_processes_share_one_address_and_a_killed_one_disturbs_nobody() {
         servers.push(tool(
             &ns,
             &d,
-            &["rc-pingpong", "-d", "lo", "-p", &port, "-n", "300", "--chk"],
+            &["rc-pingpong", "-d", "lo", "-p", &port, "-n", "3000", "--chk"],
             "pingpong server",
         ));
     }
@@ -756,7 +756,7 @@ fn eight_processes_share_one_address_and_a_killed_one_disturbs_nobody() {
         &ns,
         &d,
         &[
-            "write-bw", "-d", "lo", "-p", "18710", "-n", "300", "-s", "65536",
+            "write-bw", "-d", "lo", "-p", "18710", "-n", "2000", "-s", "65536",
         ],
         "write-bw server",
     ));
@@ -780,7 +780,7 @@ fn eight_processes_share_one_address_and_a_killed_one_disturbs_nobody() {
                 "-p",
                 &port,
                 "-n",
-                "300",
+                "3000",
                 "--chk",
                 "127.0.0.1",
             ],
@@ -797,25 +797,36 @@ fn eight_processes_share_one_address_and_a_killed_one_disturbs_nobody() {
             "-p",
             "18710",
             "-n",
-            "300",
+            "2000",
             "-s",
             "65536",
             "127.0.0.1",
         ],
         "write-bw client",
     ));
-    // Ten device clients at once, each in its own QPN range.
-    let rows = wait_for(Duration::from_secs(20), "ten clients in res show", || {
-        let r = d.json(&["res", "show", "-j"]);
-        (r.len() >= 10).then_some(r)
-    });
-    let mut slots: Vec<u64> = rows.iter().map(|r| r["slot"].as_u64().unwrap()).collect();
-    slots.sort_unstable();
-    slots.dedup();
-    assert_eq!(
-        slots.len(),
-        rows.len(),
-        "two clients share a range: {rows:?}"
+    // Every one of the ten is seen by the daemon, and no two clients listed at the same time
+    // share a QPN range.
+    let mut pids: Vec<u32> = servers.iter().chain(&clients).map(Proc::pid).collect();
+    pids.extend([victim.pid(), victim_peer.pid()]);
+    let mut seen = std::collections::HashSet::new();
+    wait_for(
+        Duration::from_secs(30),
+        "all ten clients in res show",
+        || {
+            let rows = d.json(&["res", "show", "-j"]);
+            let mut slots: Vec<u64> = rows.iter().map(|r| r["slot"].as_u64().unwrap()).collect();
+            slots.sort_unstable();
+            slots.dedup();
+            assert_eq!(
+                slots.len(),
+                rows.len(),
+                "two clients share a range: {rows:?}"
+            );
+            for r in &rows {
+                seen.insert(r["pid"].as_u64().unwrap() as u32);
+            }
+            pids.iter().all(|p| seen.contains(p)).then_some(())
+        },
     );
     // Mid-run: kill the victim's server.
     let killed = Instant::now();

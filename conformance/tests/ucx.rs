@@ -204,8 +204,14 @@ fn run_pair(
     } else {
         vec![("UCX_TLS", case.tls.to_owned())]
     };
+    // Each side on its own CPU when there are two: two busy-polling processes on one CPU
+    // wait a scheduler slice per message (8 ms instead of 22 us per am_lat round trip).
+    let two_cpus = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
     let mut server_argv = vec!["ucx_perftest".to_owned()];
     server_argv.extend(args.iter().cloned());
+    if two_cpus {
+        server_argv.extend(["-c".to_owned(), "0".to_owned()]);
+    }
     let server = Proc::spawn(
         in_ns(paths, pair.a(), &env, &server_argv),
         &format!("{} server", case.id),
@@ -223,6 +229,9 @@ fn run_pair(
     }
     let mut client_argv = vec!["ucx_perftest".to_owned(), pair.a().ipv4().to_string()];
     client_argv.extend(args);
+    if two_cpus {
+        client_argv.extend(["-c".to_owned(), "1".to_owned()]);
+    }
     let client = run_bounded(
         in_ns(paths, pair.b(), &env, &client_argv),
         &format!("{} client", case.id),
@@ -291,14 +300,27 @@ fn run_mpi(paths: &DropinPaths, pair: &NetnsPair, tls: &str, out: &Path) -> Resu
     }
     // The rsh agent: `agent HOST CMD...` runs CMD in namespace HOST on the drop-in.
     let agent = out.join("agent.sh");
+    // Each namespace's rank on its own CPU when there are two (`--bind-to none` below: Open
+    // MPI would bind both, each its host's only rank, to core 0).
+    let two_cpus = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
     let mut script = String::from("#!/bin/sh\nhost=$1; shift\ncase \"$host\" in\n");
-    for end in [pair.a(), pair.b()] {
-        let _ = writeln!(script, "  {}) ifc={} ;;", end.ns_name(), end.ifname());
+    for (i, end) in [pair.a(), pair.b()].into_iter().enumerate() {
+        let cpus = if two_cpus {
+            i.to_string()
+        } else {
+            "0".to_owned()
+        };
+        let _ = writeln!(
+            script,
+            "  {}) ifc={} cpu={cpus} ;;",
+            end.ns_name(),
+            end.ifname()
+        );
     }
     let _ = write!(
         script,
         "  *) echo \"agent.sh: unknown host $host\" >&2; exit 1 ;;\nesac\n\
-         exec ip netns exec \"$host\" env ROCECTL_VERBS_DEVICES={DEV}=$ifc \
+         exec taskset -c $cpu ip netns exec \"$host\" env ROCECTL_VERBS_DEVICES={DEV}=$ifc \
          {} exec --lib-dir {} --dev-nodes -- sh -c \"$*\"\n",
         paths.rocectl.display(),
         paths.verbs_lib_dir.display()

@@ -18,6 +18,8 @@
 //!   `demux_member` example, given the group's descriptors as a daemon client would be)
 //!   serves one-sided WRITE/READ, then is killed with SIGKILL mid-stream while the other
 //!   member is mid-transfer: its slot empties (time printed), the other completes.
+//! - `the_daemon_exiting_mid_stream_disturbs_no_member`: the group's creator drops its
+//!   descriptors while both members are mid-transfer; both complete.
 //! - `ipv6_members_get_only_their_slots`: the same steering on `[::1]:4791`.
 //! - `a_pinned_group_outlives_its_creator`: the group pinned in a BPF filesystem comes back to
 //!   a restarted daemon; old and new members share the same map and are both steered.
@@ -794,11 +796,19 @@ fn a_killed_member_process_leaves_the_other_undisturbed() {
             "{test}: slot 1 emptied {:.1} ms after SIGKILL",
             killed.elapsed().as_secs_f64() * 1e3
         );
-        // The peer's QP to the dead member ends in retries exhausted (some WRITEs may have
-        // completed before the kill).
+        // A WRITE posted now surely meets the empty slot.
+        post(
+            18,
+            SendOp::RdmaWrite {
+                remote_addr: caddr,
+                rkey,
+            },
+        );
+        // The peer's QP to the dead member ends in retries exhausted (the WRITEs before the
+        // kill may have completed).
         let mut last = WcStatus::Success;
         let mut n = 0;
-        while n < 8 {
+        while n < 9 {
             let got = cqp.wait(&mut wc, Duration::from_secs(10));
             assert_eq!(got, 1, "peer completions after the kill");
             n += 1;
@@ -818,4 +828,66 @@ fn a_killed_member_process_leaves_the_other_undisturbed() {
         "member 2 saw the dead member's traffic: {c:?}"
     );
     assert_eq!(c.rx_icrc_errors, 0, "{c:?}");
+}
+
+/// The daemon's handles on the group (map and program descriptors) go away mid-stream, as
+/// when it exits or restarts: both members' transfers complete with their data checked and
+/// no failed work request, and each still gets only its own traffic.
+#[test]
+fn the_daemon_exiting_mid_stream_disturbs_no_member() {
+    let test = "the_daemon_exiting_mid_stream_disturbs_no_member";
+    if !netns_or_skip(test) {
+        return;
+    }
+    let Some(group) = group_or_skip(test) else {
+        return;
+    };
+    let pair = NetnsPair::create("demux-restart").expect("namespaces");
+    let (m1, m2) = (open_member(&pair, &group, 1), open_member(&pair, &group, 2));
+    let peer = open_peer(&pair);
+    let opts = SelftestOptions {
+        sizes: vec![4097, 1 << 20],
+        iterations: 4,
+        ud_sizes: vec![],
+        timeout: Duration::from_secs(30),
+        ack_timeout: 12,
+    };
+    let started = Arc::new(AtomicBool::new(false));
+    std::thread::scope(|s| {
+        let runs: Vec<_> = [&m1, &m2]
+            .into_iter()
+            .map(|m| {
+                let (opts, peer, flag) = (&opts, &peer, started.clone());
+                s.spawn(move || {
+                    flag.store(true, Ordering::SeqCst);
+                    run_rc(m, peer, opts, &mut |_| {})
+                })
+            })
+            .collect();
+        while !started.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        drop(group); // the daemon's last descriptors
+        for (r, m) in runs.into_iter().zip([&m1, &m2]) {
+            r.join()
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{} after the daemon left: {e}", m.name()));
+        }
+    });
+    // And afterwards, surely without the daemon: steering goes on.
+    let small = SelftestOptions {
+        sizes: vec![0, 64, 65_536],
+        iterations: 2,
+        ..opts
+    };
+    for m in [&m1, &m2] {
+        run_rc(m, &peer, &small, &mut |_| {})
+            .unwrap_or_else(|e| panic!("{} without the daemon: {e}", m.name()));
+    }
+    for m in [&m1, &m2] {
+        let c = m.device_counters();
+        assert_eq!(c.rx_drop_no_qp, 0, "{}: {c:?}", m.name());
+        assert_eq!(c.rx_icrc_errors, 0, "{}: {c:?}", m.name());
+    }
 }

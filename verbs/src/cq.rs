@@ -760,6 +760,67 @@ mod tests {
     }
 
     #[test]
+    fn poll_cq_gives_a_ud_receive_the_ipv4_packet_type_ucx_reads_the_gid_by() {
+        use crate::ah::{ibv_create_ah, ibv_destroy_ah};
+        use crate::qp::harness::{connected, ibv_sge_of, post, post_recv_one};
+        use crate::qp::{SEND_SIGNALED, WR_SEND};
+        use crate::sys::{ibv_qp_type_IBV_QPT_UD, ibv_send_wr};
+
+        let (a, b, qa, qb) = connected(ibv_qp_type_IBV_QPT_UD);
+        // SAFETY: a live QP of the test.
+        let nb = unsafe { (*qb).qp_num };
+        let rbuf = b.mr(40 + 16, 0);
+        assert_eq!(post_recv_one(qb, 9, rbuf.sge(0, 40 + 16)), 0);
+        let mut attr = a.ah_attr_to(&b);
+        // SAFETY: the harness's PD and a local attribute struct.
+        let ah = unsafe { ibv_create_ah(a.pd, &mut attr) };
+        assert!(!ah.is_null());
+        let msg = a.mr(8, 0x5A);
+        let mut sg = ibv_sge_of(msg.sge(0, 8));
+        let mut w = ibv_send_wr {
+            wr_id: 1,
+            num_sge: 1,
+            sg_list: &mut sg,
+            opcode: WR_SEND,
+            send_flags: SEND_SIGNALED,
+            ..ibv_send_wr::default()
+        };
+        w.wr.ud.ah = ah;
+        w.wr.ud.remote_qpn = nb;
+        w.wr.ud.remote_qkey = 0x1111_1111;
+        assert_eq!(post(qa, &mut w).0, 0);
+        let mut wc = ibv_wc::default();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        // SAFETY: the harness's CQ and one `ibv_wc`.
+        while unsafe { poll_cq(b.cq, 1, &mut wc) } == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no receive completion"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert_eq!((wc.wr_id, wc.status), (9, ibv_wc_status_IBV_WC_SUCCESS));
+        assert_ne!(wc.wc_flags & ibv_wc_flags_IBV_WC_GRH, 0);
+        assert_eq!(wc.sl, 0b1010);
+        // UCX's uct_ud_grh_get_dgid: with (sl & 7) == 2 the destination is the last 4 bytes
+        // of the GRH area (the IPv4 header's daddr), and it must be one of b's GIDs.
+        let area = rbuf.to_vec();
+        assert_eq!(area[20] >> 4, 4);
+        assert_eq!(area[36..40], b.dev.local_gid().0[12..16]);
+        // A send completion has no GRH and sl 0.
+        // SAFETY: as above, a's CQ.
+        while unsafe { poll_cq(a.cq, 1, &mut wc) } == 0 {
+            assert!(std::time::Instant::now() < deadline, "no send completion");
+        }
+        assert_eq!(
+            (wc.wr_id, wc.sl, wc.wc_flags & ibv_wc_flags_IBV_WC_GRH),
+            (1, 0, 0)
+        );
+        // SAFETY: the test's AH.
+        assert_eq!(unsafe { ibv_destroy_ah(ah) }, 0);
+    }
+
+    #[test]
     fn a_ud_receive_reports_the_roce_packet_type_in_sl_as_mlx5_does() {
         let v4: std::net::SocketAddr = "10.0.0.1:4791".parse().unwrap();
         let v6: std::net::SocketAddr = "[fd00::1]:4791".parse().unwrap();

@@ -1,7 +1,7 @@
 //! Protection domains (`ibv_alloc_pd`, `ibv_dealloc_pd`). OWNER: helper "memcq".
 //!
 //! A PD counts its users: every memory region registered in it, and every QP, SRQ and AH
-//! created in it ([`PdRec::hold`] / [`PdRec::release`]). `ibv_dealloc_pd` refuses with
+//! created in it (`PdRec::hold` / `PdRec::release`). `ibv_dealloc_pd` refuses with
 //! `EBUSY` while the count is not zero, as the kernel does.
 
 use std::ffi::c_int;

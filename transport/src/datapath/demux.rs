@@ -27,6 +27,25 @@
 //!                                              -> SO_ATTACH_REUSEPORT_EBPF(prog) -> map[slot] = socket
 //! ```
 //!
+//! # For the daemon
+//!
+//! - Once per address (per network namespace): `DemuxGroup::create(SlotLayout::DEFAULT)`, then
+//!   [`DemuxGroup::pin`] it in a BPF filesystem (or keep the two descriptors in systemd's fd
+//!   store) and, after a restart, [`DemuxGroup::open_pinned`]. Every member of an address must
+//!   use this one group: a member attaching another group's program would replace the
+//!   address's steering and strand the others.
+//! - Per client: pick a free slot (keep slot 0, which holds QP1, for yourself; never hand out
+//!   a slot within its quarantine after its owner died), send `map_fd()` and `prog_fd()` with
+//!   `SCM_RIGHTS` plus the slot and the layout's shift. The client calls
+//!   `DemuxGroup::from_fds(map, prog, SlotLayout::new(shift)?)`, `Demux::new(group, slot)` and
+//!   `Device::open(DeviceConfig::udp(ip).demux(demux))`.
+//! - [`DemuxGroup::occupant`] tells whether a slot's socket still exists (the kernel empties
+//!   the slot when the socket closes, so ~1 ms after a `kill -9`); [`DemuxGroup::vacate`]
+//!   evicts.
+//! - Only processes of the uid that owns the address's sockets can join; refuse kernel demux
+//!   to clients of other uids up front (SO_PEERCRED) and offer forwarding
+//!   ([`super::fwdring`]).
+//!
 //! # Rules the data path keeps (measured in `design/daemon.md` §5.5)
 //!
 //! - **No GSO run mixes destination QPNs.** A UDP GSO message over loopback reaches the

@@ -41,14 +41,23 @@ impl CompletionQueue {
 
     /// Polls up to `out.len()` completions (`ibv_poll_cq`); returns how many. When the CQ is
     /// empty it makes engine progress itself first (busy-polling receive), unless another
-    /// thread is doing so.
+    /// thread is doing so. When it is still empty it yields the CPU once (`sched_yield`): an
+    /// application spinning on an empty CQ then lets the thread that holds its packets (the
+    /// progress thread, or the peer on the same host) run on a busy machine, and on an idle
+    /// core the yield returns at once. (Measured with the stock `ibv_rc_pingpong`, busy
+    /// polling through the drop-in between two namespaces on a 2-core host at load 12:
+    /// 0.6 to 2.7 ms per iteration without the yield, 0.13 to 0.6 ms with it.)
     pub fn poll(&self, out: &mut [Completion]) -> usize {
         let n = lock(&self.shared.queue).poll_many(out);
         if n > 0 || out.is_empty() {
             return n;
         }
         self.dev.try_progress();
-        lock(&self.shared.queue).poll_many(out)
+        let n = lock(&self.shared.queue).poll_many(out);
+        if n == 0 {
+            std::thread::yield_now();
+        }
+        n
     }
 
     /// Polls one completion.

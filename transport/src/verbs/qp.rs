@@ -153,6 +153,10 @@ pub struct QueuePair {
 }
 
 impl QueuePair {
+    /// How many send WRs must be outstanding before [`Self::post_send_coalesced`] leaves a
+    /// new one to the engine thread (fewer: sent at once).
+    pub const COALESCE_AFTER: usize = 2;
+
     /// The QP number.
     pub fn qpn(&self) -> Qpn {
         self.qpn
@@ -267,13 +271,14 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Posts a send WR like [`Self::post_send`], but on an RC QP that already has requests
-    /// outstanding (on a device with an engine thread) it leaves the sending to the engine:
-    /// the outstanding requests' ACK (or their timer) wakes it, and it sends this WR with
-    /// whatever else was posted meanwhile in one batch. A caller posting one WR per call in a
-    /// window (perftest's `ib_*_bw` through `ibv_post_send`) then costs one datagram batch
-    /// per ACK instead of one send per WR; with nothing outstanding (a latency test's
-    /// ping-pong) the packets leave from this thread at once, as with `post_send`.
+    /// Posts a send WR like [`Self::post_send`], but on an RC QP that already has at least
+    /// [`Self::COALESCE_AFTER`] requests outstanding (on a device with an engine thread) it
+    /// leaves the sending to the engine: the outstanding requests' ACK (or their timer) wakes
+    /// it, and it sends this WR with whatever else was posted meanwhile in one batch. A caller
+    /// posting one WR per call in a window (perftest's `ib_*_bw` through `ibv_post_send`) then
+    /// costs one datagram batch per ACK instead of one send per WR; a ping-pong (at most one
+    /// request outstanding: the latency tests) is sent from this thread at once, exactly as
+    /// with `post_send`.
     ///
     /// # Errors
     /// [`PostError`]: nothing was queued.
@@ -281,7 +286,8 @@ impl QueuePair {
         let mut e = self.dev().lock_engine();
         let now = e.now();
         let slot = slot_of(&mut e, self.qpn);
-        let outstanding = slot.qp.qp_type() == QpType::Rc && slot.qp.send_queue_len() > 0;
+        let outstanding =
+            slot.qp.qp_type() == QpType::Rc && slot.qp.send_queue_len() >= Self::COALESCE_AFTER;
         slot.qp.post_send(now, wr)?;
         if outstanding && self.dev().shared().progress == crate::Progress::Thread {
             return Ok(());

@@ -748,7 +748,16 @@ fn eight_processes_share_one_address_and_a_killed_one_disturbs_nobody() {
         servers.push(tool(
             &ns,
             &d,
-            &["rc-pingpong", "-d", "lo", "-p", &port, "-n", "3000", "--chk"],
+            &[
+                "rc-pingpong",
+                "-d",
+                "lo",
+                "-p",
+                &port,
+                "-n",
+                "3000",
+                "--chk",
+            ],
             "pingpong server",
         ));
     }

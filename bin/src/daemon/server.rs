@@ -210,6 +210,25 @@ impl Server {
         }
     }
 
+    /// Allocates `id`'s range; slots that come out of quarantine now are logged here too
+    /// (else only the ticker logs them), and slots the data path still has a member in are
+    /// skipped (orphans of an earlier daemon run).
+    fn alloc(
+        &self,
+        reg: &mut Registry,
+        id: ClientId,
+        now: Instant,
+    ) -> Result<roce_transport::control::Lease, ControlError> {
+        for slot in reg.expire(now) {
+            info!(slot, "QPN range out of quarantine, free again");
+        }
+        reg.alloc_range(id, now, &|slot| {
+            self.demux
+                .as_ref()
+                .is_some_and(|g| g.occupant(slot).ok().flatten().is_some())
+        })
+    }
+
     /// Answers one request; the flag says whether the demultiplexer's fd goes with it.
     fn handle(&self, id: ClientId, cred: PeerCred, comm: &str, req: Request) -> (Reply, bool) {
         let now = Instant::now();
@@ -218,11 +237,7 @@ impl Server {
             Request::Hello(_) => Err(ControlError::BadRequest {
                 reason: "a second hello".into(),
             }),
-            Request::AllocRange { device } => match reg.alloc_range(id, now, &|slot| {
-                self.demux
-                    .as_ref()
-                    .is_some_and(|g| g.occupant(slot).ok().flatten().is_some())
-            }) {
+            Request::AllocRange { device } => match self.alloc(&mut reg, id, now) {
                 Ok(mut lease) => {
                     lease.demux_fds = self.demux.is_some();
                     info!(

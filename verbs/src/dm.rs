@@ -2,7 +2,7 @@
 //! `ibv_reg_dm_mr`, `ibv_import_dm`, `ibv_unimport_dm`).
 //!
 //! A software NIC has no on-chip memory: a DM is an ordinary zeroed allocation of this process
-//! (aligned to `1 << log_align_req`, at most [`MAX_DM_SIZE`] bytes, the `max_dm_size`
+//! (aligned to `1 << log_align_req`, at most `MAX_DM_SIZE` (256 KiB), the `max_dm_size`
 //! `ibv_query_device_ex` reports), reached only through the `ibv_dm` copy ops and through
 //! memory regions registered on it. The copy ops follow mlx5's rules (ibv_alloc_dm(3): "the
 //! device memory may have alignment requirements"): offset and length must be multiples of 4

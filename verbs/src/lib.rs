@@ -18,9 +18,9 @@
 //! 4. per-object tables: `ibv_qp_ex.wr_*` and `ibv_cq_ex.start_poll`/`read_*`.
 //!
 //! Every handle handed to C is the first field of a `#[repr(C)]` record whose tail holds the
-//! rocectl object (`ContextRec`, `PdRec`, `MrRec`, `CqRec`, `QpRec`, `SrqRec`, `AhRec`,
-//! `ChannelRec`), so a pointer from C casts back to its record. No panic crosses the C
-//! boundary (`ffi`).
+//! rocectl object (`ContextRec`, `PdRec` (also parent domains), `TdRec`, `MrRec`, `DmRec`,
+//! `CqRec`, `QpRec`, `SrqRec`, `AhRec`, `ChannelRec`), so a pointer from C casts back to its
+//! record. No panic crosses the C boundary (`ffi`).
 //!
 //! `fork()`: registered memory is never pinned, so `ibv_fork_init` is not needed and
 //! `ibv_is_fork_initialized` reports `IBV_FORK_UNNEEDED`. A child process must not use the

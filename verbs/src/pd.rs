@@ -8,7 +8,7 @@
 //!
 //! `ibv_alloc_td` returns a thread domain (a hint for a provider's locking: rocectl's objects
 //! are thread safe, so it changes nothing); `ibv_alloc_parent_domain` returns a parent domain,
-//! an `ibv_pd` that is a second [`PdRec`] on the same rocectl PD, so every verb taking a PD
+//! an `ibv_pd` that is a second `PdRec` on the same rocectl PD, so every verb taking a PD
 //! accepts it and its objects live in the inner PD. It holds the inner PD and its TD (their
 //! deallocation is `EBUSY` until the parent domain goes). The custom allocators of
 //! `IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS` are accepted and never called: rocectl has no
@@ -166,7 +166,7 @@ pub unsafe extern "C" fn ibv_import_pd(context: *mut ibv_context, pd_handle: u32
 
 /// `ibv_unimport_pd(3)` (IBVERBS_1.10): frees a PD record from [`ibv_import_pd`] (or any PD
 /// record) without destroying the PD. A PD still used by objects of this library is kept
-/// (they refer to it); NULL is ignored.
+/// (they refer to it); a parent domain (not an import) and NULL are ignored.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_unimport_pd(pd: *mut ibv_pd) {
     ffi::guard("ibv_unimport_pd", (), || {
@@ -174,6 +174,11 @@ pub unsafe extern "C" fn ibv_unimport_pd(pd: *mut ibv_pd) {
         let Some(rec) = (unsafe { PdRec::from_ibv(pd) }) else {
             return;
         };
+        if rec.is_parent_domain() {
+            // Not an import; only ibv_dealloc_pd releases what it holds.
+            ffi::trace(format_args!("ibv_unimport_pd on a parent domain: ignored"));
+            return;
+        }
         if rec.users() != 0 {
             ffi::trace(format_args!(
                 "ibv_unimport_pd: PD {} still has {} users: kept",

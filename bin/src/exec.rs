@@ -37,7 +37,7 @@ pub(crate) struct ExecArgs {
     #[arg(long, value_name = "DIR")]
     lib_dir: Option<PathBuf>,
     /// Run CMD in a private mount namespace with /dev/infiniband/uverbsN (an alias of
-    /// /dev/null) and /sys/class/infiniband/<name>/ files for each device: what UCX checks
+    /// /dev/null) and `/sys/class/infiniband/<name>/` files for each device: what UCX checks
     /// for. Nothing changes outside the command. Root, or unprivileged user namespaces.
     #[arg(long)]
     dev_nodes: bool,

@@ -11,7 +11,11 @@
 //! - `rocectl send-bw`, `write-bw`, `read-bw`, `atomic-bw`, `send-lat`, `write-lat`, `read-lat`
 //!   ([`perftest`]): perftest's tools, interoperable with the stock `ib_*` ones;
 //! - `rocectl exec -- CMD…` ([`exec`]): runs an unmodified libibverbs program (`ibv_devinfo`,
-//!   `ib_write_bw`, …) on rocectl's drop-in `libibverbs.so.1`.
+//!   `ib_write_bw`, …) on rocectl's drop-in `libibverbs.so.1`;
+//! - `rocectl daemon` ([`daemon`]): the per-host daemon that lets many processes share one
+//!   RoCE address; `rocectl res show` and `rocectl stat` ask it what they hold;
+//! - `rocectl gen man DIR`, `rocectl gen completions SHELL`: man pages and completions from
+//!   this very command-line definition.
 //!
 //! Errors are reported with `anyhow` at this level only: each command returns
 //! `anyhow::Result<ExitCode>`, and [`main`] prints `rocectl: error: …` with its causes and exits
@@ -20,9 +24,10 @@
 use std::io;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use oob::perftest::Tool;
 
+mod daemon;
 mod demo;
 mod device;
 mod devinfo;
@@ -82,6 +87,16 @@ enum Command {
     ReadLat(perftest::PerfArgs),
     /// Run an unmodified libibverbs program on rocectl's libibverbs.so.1 (verbs/build-so.sh)
     Exec(exec::ExecArgs),
+    /// The per-host daemon: many processes share one RoCE address, like a NIC
+    Daemon(daemon::DaemonArgs),
+    /// Show what the processes using the daemon hold (like rdma resource)
+    #[command(subcommand)]
+    Res(daemon::views::ResCommand),
+    /// Show the counters of every process using the daemon (like rdma statistic)
+    Stat(daemon::views::StatArgs),
+    /// Generate man pages or shell completions from the command-line definition
+    #[command(subcommand)]
+    Gen(daemon::gen::GenCommand),
 }
 
 fn main() -> ExitCode {
@@ -89,7 +104,13 @@ fn main() -> ExitCode {
     // Commands that can capture close their captures on SIGINT/SIGTERM ([`signals`]).
     let captures = !matches!(
         cli.command,
-        Command::Devinfo(_) | Command::Pcap(_) | Command::Exec(_)
+        Command::Devinfo(_)
+            | Command::Pcap(_)
+            | Command::Exec(_)
+            | Command::Daemon(_)
+            | Command::Res(_)
+            | Command::Stat(_)
+            | Command::Gen(_)
     );
     if captures {
         if let Err(err) = signals::install() {
@@ -113,6 +134,10 @@ fn main() -> ExitCode {
         Command::WriteLat(a) => perftest::run(Tool::WriteLat, &a),
         Command::ReadLat(a) => perftest::run(Tool::ReadLat, &a),
         Command::Exec(args) => Ok(exec::run(&args)),
+        Command::Daemon(args) => daemon::run(&args),
+        Command::Res(cmd) => daemon::views::run_res(&cmd),
+        Command::Stat(args) => daemon::views::run_stat(&args),
+        Command::Gen(gen) => daemon::gen::run(&gen, Cli::command()),
     };
     match result {
         Ok(code) => code,

@@ -71,6 +71,15 @@ pub enum OpenError {
         /// The message.
         message: String,
     },
+    /// The rocectl daemon's socket exists but the daemon did not give this device a QPN
+    /// range (not running, another protocol version, a limit).
+    #[error("{detail}")]
+    Daemon {
+        /// The socket path.
+        path: std::path::PathBuf,
+        /// What went wrong, with the path.
+        detail: String,
+    },
     /// An OS error while setting up.
     #[error("device setup: {0}")]
     Io(#[source] io::Error),
@@ -118,6 +127,9 @@ pub enum VerbsError {
     /// The memory-region table refused a registration.
     #[error("register memory: {0}")]
     Register(#[from] roce_mr::RegisterError),
+    /// The rocectl daemon refused to account the object (a per-uid or per-client limit).
+    #[error("{0}")]
+    DaemonRefused(crate::control::ControlError),
     /// An OS error.
     #[error("{0}")]
     Io(#[from] io::Error),

@@ -58,6 +58,7 @@
 
 mod capture;
 pub mod clock;
+pub mod control;
 mod counters;
 mod cq;
 mod device;

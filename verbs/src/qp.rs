@@ -7,7 +7,7 @@
 //! `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, as rdma-core does.
 //!
 //! Types: RC, UC and UD. Capacities are the device's (`ibv_query_device`: `max_qp_wr`,
-//! `max_sge`) plus [`MAX_INLINE_DATA`] inline bytes; the values written back are the ones the
+//! `max_sge`) plus `MAX_INLINE_DATA` inline bytes; the values written back are the ones the
 //! QP enforces: the requested queue depths, and the device's SGE and inline limits (which may
 //! exceed the request, as `ibv_create_qp(3)` allows). With an SRQ the receive capacities are 0.
 //!

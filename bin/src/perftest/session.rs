@@ -276,20 +276,25 @@ impl Session {
     pub(crate) fn next_traffic(&mut self) -> anyhow::Result<bool> {
         let mine = self.mine;
         let conn = self.conn.as_mut().context("exchange already closed")?;
-        while let Some(&step) = self.plan.get(self.next) {
-            self.next += 1;
-            if step == Step::Traffic {
-                return Ok(true);
+        let (plan, next, learned) = (&self.plan, &mut self.next, &mut self.learned);
+        // Between the sizes of `-a` the peer may still be retransmitting its last message
+        // or waiting for our last ACK: keep answering while the barrier waits on TCP.
+        with_progress(&self.dev, self.progress, || {
+            while let Some(&step) = plan.get(*next) {
+                *next += 1;
+                if step == Step::Traffic {
+                    return Ok(true);
+                }
+                if step == Step::Close {
+                    // Closing consumes the connection: leave it to finish.
+                    *next -= 1;
+                    return Ok(false);
+                }
+                conn.run_step(step, &mine, &BwReport::default(), learned)
+                    .context("synchronising with the peer")?;
             }
-            if step == Step::Close {
-                // Closing consumes the connection: leave it to finish.
-                self.next -= 1;
-                return Ok(false);
-            }
-            conn.run_step(step, &mine, &BwReport::default(), &mut self.learned)
-                .context("synchronising with the peer")?;
-        }
-        Ok(false)
+            Ok(false)
+        })
     }
 
     /// Runs the rest of the exchange (`report` is what a BW client sends); returns the peer's
@@ -309,31 +314,14 @@ impl Session {
         let plan = &self.plan[self.next.min(self.plan.len())..];
         self.next = self.plan.len();
         let learned = &mut self.learned;
-        let mut exchange = || -> anyhow::Result<()> {
+        let exchange = || -> anyhow::Result<()> {
             for &step in plan {
                 conn.run_step(step, &mine, report, learned)
                     .context("closing the perftest exchange")?;
             }
             Ok(())
         };
-        if self.progress == Progress::Manual {
-            // Nothing else runs the engine while we wait on TCP: a lost last ACK or a peer's
-            // retransmission must still be answered, or its retries run out.
-            let stop = AtomicBool::new(false);
-            let dev = &self.dev;
-            std::thread::scope(|sc| {
-                sc.spawn(|| {
-                    while !stop.load(Ordering::Relaxed) {
-                        dev.progress_wait(Duration::from_millis(5));
-                    }
-                });
-                let r = exchange();
-                stop.store(true, Ordering::Relaxed);
-                r
-            })?;
-        } else {
-            exchange()?;
-        }
+        with_progress(&self.dev, self.progress, exchange)?;
         Ok(self.learned.peer_report.take())
     }
 
@@ -616,4 +604,28 @@ fn print_info(cfg: &Config, dev: &Device, gid_index: u8, mtu: Mtu, out_reads: u8
     out.push_str(report::RESULT_LINE);
     print!("{out}");
     println!();
+}
+
+/// Runs `f` (a wait on the out-of-band TCP connection); with `Progress::Manual` a scoped
+/// thread drives the engine meanwhile, since nothing else does: a lost last ACK or a peer's
+/// retransmission must still be answered, or the peer's retries run out.
+fn with_progress<T>(
+    dev: &Device,
+    progress: Progress,
+    f: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    if progress != Progress::Manual {
+        return f();
+    }
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                dev.progress_wait(Duration::from_millis(5));
+            }
+        });
+        let r = f();
+        stop.store(true, Ordering::Relaxed);
+        r
+    })
 }

@@ -439,6 +439,14 @@ impl RingDatapath {
         })
     }
 
+    /// Makes the eventfd readable.
+    fn wake_self(&self) {
+        let one = 1u64.to_ne_bytes();
+        #[allow(unsafe_code)]
+        // SAFETY: writes 8 bytes from a live local buffer to our eventfd.
+        let _ = unsafe { libc::write(self.event.as_raw_fd(), one.as_ptr().cast(), 8) };
+    }
+
     /// Empties the eventfd (its readiness has been seen).
     fn drain_event(&self) {
         let mut v = [0u8; 8];
@@ -523,9 +531,17 @@ impl Datapath for RingDatapath {
                 _ => self.malformed += 1,
             }
         }
-        self.shm
-            .u32_at(OFF_HEAD)
-            .store(head.wrapping_add(n as u32), Ordering::Release);
+        let new_head = head.wrapping_add(n as u32);
+        self.shm.u32_at(OFF_HEAD).store(new_head, Ordering::Release);
+        // Fewer than asked for: the caller may stop reading and wait on the eventfd (the
+        // engine does after a short batch), so say we sleep, and if the daemon published more
+        // meanwhile, wake ourselves rather than wait for its next batch.
+        if out < bufs.len().min(meta.len()) {
+            sleeping.store(1, Ordering::SeqCst);
+            if self.shm.u32_at(OFF_TAIL).load(Ordering::SeqCst) != new_head {
+                self.wake_self();
+            }
+        }
         Ok(out)
     }
 
@@ -544,6 +560,9 @@ impl Datapath for RingDatapath {
 }
 
 // ------------------------------------------------------------------ forwarder --
+
+/// Datagrams (or GRO buffers) a [`Forwarder`] receives per call.
+const BATCH: usize = 64;
 
 /// Counters of a [`Forwarder`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -565,8 +584,10 @@ pub struct Forwarder {
     dp: Box<dyn Datapath>,
     layout: SlotLayout,
     rings: HashMap<u32, RingProducer>,
-    bufs: Vec<Vec<u8>>,
-    meta: Vec<RxMeta>,
+    /// `BATCH` receive buffers of `buf_len` bytes, back to back.
+    bufs: Vec<u8>,
+    buf_len: usize,
+    meta: [RxMeta; BATCH],
     stats: ForwarderStats,
 }
 
@@ -574,13 +595,14 @@ impl Forwarder {
     /// A forwarder receiving on `dp` (the daemon's socket on `IP:4791`).
     pub fn new(dp: Box<dyn Datapath>, layout: SlotLayout) -> Self {
         let gro = dp.caps().gro_segments.max(1);
-        let len = (gro * 9_216).min(65_536);
+        let buf_len = (gro * 9_216).min(65_536);
         Self {
             dp,
             layout,
             rings: HashMap::new(),
-            bufs: vec![vec![0u8; len]; 64],
-            meta: vec![RxMeta::empty(); 64],
+            bufs: vec![0u8; BATCH * buf_len],
+            buf_len,
+            meta: [RxMeta::empty(); BATCH],
             stats: ForwarderStats::default(),
         }
     }
@@ -612,8 +634,11 @@ impl Forwarder {
     /// Receive errors other than `WouldBlock`, and eventfd write failures.
     pub fn poll(&mut self) -> io::Result<usize> {
         let n = {
-            let mut io: Vec<IoSliceMut<'_>> =
-                self.bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+            let mut chunks = self.bufs.chunks_exact_mut(self.buf_len);
+            let mut io: [IoSliceMut<'_>; BATCH] = std::array::from_fn(|_| {
+                // INVARIANT: `bufs` holds exactly BATCH chunks.
+                IoSliceMut::new(chunks.next().expect("BATCH buffers"))
+            });
             match self.dp.recv(&mut io, &mut self.meta) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
@@ -621,7 +646,7 @@ impl Forwarder {
             }
         };
         let mut count = 0;
-        for (buf, m) in self.bufs.iter().zip(&self.meta).take(n) {
+        for (buf, m) in self.bufs.chunks_exact(self.buf_len).zip(&self.meta).take(n) {
             let stride = m.stride.clamp(1, m.len.max(1));
             // A GRO buffer may hold datagrams of several QPs: route each on its own.
             for seg in buf[..m.len].chunks(stride) {
@@ -801,5 +826,65 @@ mod tests {
                 malformed: 0
             }
         );
+    }
+
+    /// A short batch (fewer than asked for: the engine stops reading after one) leaves the
+    /// consumer armed, so the next batch wakes it; data published while it arms makes it
+    /// wake itself.
+    #[test]
+    fn a_short_batch_arms_the_wake_up() {
+        let (mut p, fds) = RingProducer::create(16).unwrap();
+        let local: SocketAddr = "127.0.0.1:4791".parse().unwrap();
+        let mut c = RingDatapath::open(fds, local, UdpOptions::default()).unwrap();
+        let meta = RxMeta {
+            len: 0,
+            stride: 0,
+            src: local,
+            dst: local,
+            tos: 0,
+            ipv4: None,
+        };
+        let readable = |c: &RingDatapath| {
+            let mut pfd = libc::pollfd {
+                fd: c.readiness_fd().unwrap(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            #[allow(unsafe_code)]
+            // SAFETY: one live pollfd.
+            let r = unsafe { libc::poll(&mut pfd, 1, 0) };
+            r == 1
+        };
+        let mut buf = vec![vec![0u8; 64]; 4];
+        let mut m = [RxMeta::empty(); 4];
+        let mut io: Vec<IoSliceMut<'_>> = buf.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+        for i in 0..3u8 {
+            assert!(p.push(&[i; 20], &meta));
+        }
+        assert!(!p.flush().unwrap(), "the consumer never slept yet");
+        assert_eq!(c.recv(&mut io, &mut m).unwrap(), 3);
+        assert!(!readable(&c));
+        assert!(p.push(&[3; 20], &meta));
+        assert!(
+            p.flush().unwrap(),
+            "a short batch leaves the consumer armed"
+        );
+        assert!(readable(&c));
+        assert_eq!(c.recv(&mut io, &mut m).unwrap(), 1);
+        // A full batch does not arm (the caller reads on): no eventfd writes under load.
+        for i in 0..5u8 {
+            assert!(p.push(&[i; 20], &meta));
+        }
+        assert!(p.flush().unwrap(), "still armed from the short batch");
+        assert_eq!(c.recv(&mut io, &mut m).unwrap(), 4);
+        assert!(p.push(&[9; 20], &meta));
+        assert!(
+            !p.flush().unwrap(),
+            "a full batch leaves the consumer awake"
+        );
+        // The next short read (the 6th datagram) arms again.
+        assert_eq!(c.recv(&mut io, &mut m).unwrap(), 2);
+        assert!(p.push(&[10; 20], &meta));
+        assert!(p.flush().unwrap());
     }
 }

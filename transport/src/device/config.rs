@@ -89,6 +89,12 @@ pub struct DeviceConfig {
     /// the daemon routes by QPN). Kernel demux sets it from [`DeviceConfig::demux`]. `None`:
     /// all QPNs.
     pub qpn_range: Option<RangeInclusive<u32>>,
+    /// Never use the rocectl daemon: the device binds its address alone, as when no daemon
+    /// runs (also forced by `ROCECTL_EXCLUSIVE=1`). See [`crate::control`].
+    pub exclusive: bool,
+    /// The rocectl daemon's socket; default: `ROCECTL_DAEMON_SOCKET`, else
+    /// `/run/rocectl/rocectl.sock`.
+    pub daemon_socket: Option<PathBuf>,
 }
 
 impl DeviceConfig {
@@ -106,6 +112,8 @@ impl DeviceConfig {
             clock: None,
             demux: None,
             qpn_range: None,
+            exclusive: false,
+            daemon_socket: None,
         }
     }
 
@@ -171,6 +179,19 @@ impl DeviceConfig {
     /// Draws QPNs only from `range` (random within it; the reserved QPNs stay out).
     pub fn qpn_range(mut self, range: RangeInclusive<u32>) -> Self {
         self.qpn_range = Some(range);
+        self
+    }
+
+    /// Opens the device in the in-process exclusive mode even when the rocectl daemon runs.
+    pub fn exclusive(mut self) -> Self {
+        self.exclusive = true;
+        self
+    }
+
+    /// Uses the rocectl daemon listening at `path` (instead of `ROCECTL_DAEMON_SOCKET` or
+    /// `/run/rocectl/rocectl.sock`).
+    pub fn daemon_socket(mut self, path: impl Into<PathBuf>) -> Self {
+        self.daemon_socket = Some(path.into());
         self
     }
 

@@ -39,7 +39,7 @@ use thread::{run_thread, DATAPATH, WAKER};
 pub(crate) struct DeviceShared {
     pub(crate) name: String,
     pub(crate) table: Arc<MrTable>,
-    engine: Mutex<Engine>,
+    pub(crate) engine: Mutex<Engine>,
     waker: Option<mio::Waker>,
     stop: AtomicBool,
     pub(crate) progress: Progress,
@@ -56,6 +56,8 @@ pub(crate) struct DeviceShared {
     ip_mtu: usize,
     /// When the progress thread plans to wake (ns on the engine clock; 0: not sleeping).
     sleep_until: AtomicU64,
+    /// The link to the rocectl daemon, when it serves this device's address.
+    pub(crate) daemon: Option<Arc<crate::control::DaemonClient>>,
 }
 
 impl std::fmt::Debug for DeviceShared {
@@ -116,7 +118,15 @@ impl Device {
             (None, Backend::Sim { net, .. }) => net.clock().clone(),
             (None, _) => clock::system(),
         };
-        let dp = open_backend(config.backend, config.demux.as_ref())?;
+        // An explicit demux membership is the caller's own arrangement: no daemon then.
+        let (daemon, leased) = crate::control::attach(
+            &config.backend,
+            &config.daemon_socket,
+            config.exclusive || config.demux.is_some(),
+            &config.name,
+        )?;
+        let demux = config.demux.or(leased);
+        let dp = open_backend(config.backend, demux.as_ref())?;
         let caps = dp.caps();
         let local = dp.local_addr();
         let max_mtu = Mtu::for_netdev_mtu(caps.ip_mtu.min(4096 + 80)).ok_or(
@@ -173,7 +183,8 @@ impl Device {
         let range = config
             .qpn_range
             .clone()
-            .or_else(|| config.demux.as_ref().map(|d| d.qpn_range()));
+            .or_else(|| demux.as_ref().map(|d| d.qpn_range()))
+            .or_else(|| daemon.as_ref().map(|d| d.lease().qpns()));
         if let Some(r) = range {
             ids.restrict(r);
         }
@@ -196,7 +207,11 @@ impl Device {
             local,
             ip_mtu: caps.ip_mtu,
             sleep_until: AtomicU64::new(0),
+            daemon,
         });
+        if let Some(d) = &shared.daemon {
+            d.start_reporter(Arc::downgrade(&shared));
+        }
         let thread = match poll {
             Some(poll) => {
                 if let Some(fd) = fd {

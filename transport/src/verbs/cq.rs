@@ -20,6 +20,9 @@ use crate::sys::lock;
 pub struct CompletionQueue {
     pub(super) dev: Device,
     pub(super) shared: Arc<CqShared>,
+    /// Held with the rocectl daemon, when one serves the device (released with the last
+    /// clone).
+    _reservation: Arc<Option<crate::control::Reservation>>,
 }
 
 impl CompletionQueue {
@@ -27,9 +30,12 @@ impl CompletionQueue {
         if depth == 0 || depth > 1 << 20 {
             return Err(VerbsError::BadCqDepth(depth));
         }
+        let shared = Arc::new(CqShared::new(depth)?);
+        let reservation = dev.reserve(crate::control::Objects::cq())?;
         Ok(Self {
             dev,
-            shared: Arc::new(CqShared::new(depth)?),
+            shared,
+            _reservation: Arc::new(reservation),
         })
     }
 

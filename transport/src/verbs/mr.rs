@@ -6,6 +6,7 @@ use roce_qp::verbs::Sge;
 use roce_wire::{LKey, RKey};
 
 use super::pd::ProtectionDomain;
+use crate::control::{Objects, Reservation};
 use crate::error::VerbsError;
 
 impl ProtectionDomain {
@@ -21,6 +22,7 @@ impl ProtectionDomain {
     ) -> Result<MemoryRegion, VerbsError> {
         let data = data.into();
         let len = data.len();
+        let reservation = self.inner.dev.reserve(Objects::mr(len as u64))?;
         let iova = self.inner.dev.alloc_iova(len);
         let key = self
             .inner
@@ -28,7 +30,13 @@ impl ProtectionDomain {
             .shared()
             .table
             .register(self.inner.pd, data, iova, access)?;
-        Ok(MemoryRegion::new(self.clone(), key, iova, len, access))
+        Ok(MemoryRegion::new(
+            self.clone(),
+            key,
+            (iova, len),
+            access,
+            reservation,
+        ))
     }
 
     /// Registers `len` zeroed, 8-byte-aligned bytes (atomics need the alignment).
@@ -36,6 +44,7 @@ impl ProtectionDomain {
     /// # Errors
     /// As [`Self::register`].
     pub fn register_zeroed(&self, len: usize, access: Access) -> Result<MemoryRegion, VerbsError> {
+        let reservation = self.inner.dev.reserve(Objects::mr(len as u64))?;
         let iova = self.inner.dev.alloc_iova(len);
         let key =
             self.inner
@@ -43,7 +52,13 @@ impl ProtectionDomain {
                 .shared()
                 .table
                 .register_zeroed(self.inner.pd, len, iova, access)?;
-        Ok(MemoryRegion::new(self.clone(), key, iova, len, access))
+        Ok(MemoryRegion::new(
+            self.clone(),
+            key,
+            (iova, len),
+            access,
+            reservation,
+        ))
     }
 
     /// Registers the caller's memory `ptr .. ptr + len` **in place** at `iova`, as a NIC
@@ -72,6 +87,7 @@ impl ProtectionDomain {
         iova: u64,
         access: Access,
     ) -> Result<MemoryRegion, VerbsError> {
+        let reservation = self.inner.dev.reserve(Objects::mr(len as u64))?;
         // SAFETY: forwarded to our caller's contract, which is `MrTable::register_raw`'s:
         // the memory stays valid until the region (and so the key) is dropped, and the table
         // touches it only through relaxed atomics.
@@ -82,7 +98,13 @@ impl ProtectionDomain {
                 .table
                 .register_raw(self.inner.pd, ptr, len, iova, access)
         }?;
-        Ok(MemoryRegion::new(self.clone(), key, iova, len, access))
+        Ok(MemoryRegion::new(
+            self.clone(),
+            key,
+            (iova, len),
+            access,
+            reservation,
+        ))
     }
 }
 
@@ -95,16 +117,25 @@ pub struct MemoryRegion {
     addr: u64,
     len: usize,
     access: Access,
+    /// Held with the rocectl daemon, when one serves the device (released on drop).
+    _reservation: Option<Reservation>,
 }
 
 impl MemoryRegion {
-    fn new(pd: ProtectionDomain, key: Key, addr: u64, len: usize, access: Access) -> Self {
+    fn new(
+        pd: ProtectionDomain,
+        key: Key,
+        (addr, len): (u64, usize),
+        access: Access,
+        reservation: Option<Reservation>,
+    ) -> Self {
         Self {
             pd,
             key,
             addr,
             len,
             access,
+            _reservation: reservation,
         }
     }
 

@@ -16,6 +16,7 @@ impl Drop for PdInner {
     fn drop(&mut self) {
         // Every MR and QP of the PD holds the PD, so it is unused by now.
         let _ = self.dev.shared().table.dealloc_pd(self.pd);
+        self.dev.count_pd(false);
     }
 }
 
@@ -28,6 +29,7 @@ pub struct ProtectionDomain {
 impl ProtectionDomain {
     pub(crate) fn new(dev: Device) -> Self {
         let pd = dev.shared().table.alloc_pd();
+        dev.count_pd(true);
         Self {
             inner: Arc::new(PdInner { dev, pd }),
         }

@@ -32,6 +32,7 @@ impl ProtectionDomain {
                 return Err(VerbsError::WrongDevice("SRQ of another device"));
             }
         }
+        let reservation = dev.reserve(crate::control::Objects::qp())?;
         let qpn = dev.alloc_qpn().ok_or_else(|| {
             VerbsError::Io(std::io::Error::new(
                 std::io::ErrorKind::OutOfMemory,
@@ -55,6 +56,7 @@ impl ProtectionDomain {
             pd: self.clone(),
             qpn: Qpn::new(qpn),
             qp_type: init.config.qp_type,
+            _reservation: reservation,
         })
     }
 }
@@ -146,6 +148,8 @@ pub struct QueuePair {
     pd: ProtectionDomain,
     qpn: Qpn,
     qp_type: QpType,
+    /// Held with the rocectl daemon, when one serves the device (released on drop).
+    _reservation: Option<crate::control::Reservation>,
 }
 
 impl QueuePair {

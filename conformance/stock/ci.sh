@@ -5,7 +5,9 @@
 #                                      the drop-in (pairing 1), and against rocectl's own tools
 #                                      in both directions (pairing 3);
 #   conformance/tests/pyverbs_suite.rs rdma-core v44's own tests with Debian's python3-pyverbs.
-# Each rewrites its section of conformance/README.md. Both run even when the first fails.
+#   conformance/tests/ucx.rs           UCX ucx_perftest and Open MPI (pml ucx) across two namespaces.
+# Each rewrites its section of conformance/README.md (the UCX one: conformance/UCX.md by hand);
+# all run even when one fails.
 # (Pairing 2, against Linux rdma_rxe, runs in conformance/lab/ci.sh.)
 #
 # Needs root (network namespaces). Installs ibverbs-utils, perftest and python3-pyverbs with
@@ -21,6 +23,8 @@ need=()
 command -v ibv_rc_pingpong >/dev/null 2>&1 || need+=(ibverbs-utils)
 command -v ib_send_bw >/dev/null 2>&1 || need+=(perftest)
 /usr/bin/python3 -c 'import pyverbs.device' >/dev/null 2>&1 || need+=(python3-pyverbs)
+command -v ucx_perftest >/dev/null 2>&1 || need+=(ucx-utils)
+command -v mpicc >/dev/null 2>&1 || need+=(openmpi-bin libopenmpi-dev)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
@@ -37,6 +41,9 @@ status=0
 ROCE_DROPIN=1 cargo test --release --locked -p roce-conformance --test stock_tools \
   -- --nocapture || status=1
 ROCE_DROPIN=1 cargo test --release --locked -p roce-conformance --test pyverbs_suite \
+  -- --nocapture || status=1
+# The next tier: UCX 1.13 (rc_verbs, ud_verbs) and Open MPI's pml ucx (conformance/UCX.md).
+ROCE_DROPIN=1 cargo test --release --locked -p roce-conformance --test ucx \
   -- --nocapture || status=1
 echo "conformance/stock/ci.sh: done in $(( $(date +%s) - start ))s (status $status)"
 exit $status

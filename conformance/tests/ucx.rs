@@ -6,9 +6,9 @@
 //!   `/dev/infiniband/<dev_name>` is a character device): UCT tests on `rc_verbs` and
 //!   `ud_verbs` (`-d rocectl_ucx:1 -x TL`) and UCP tests with `UCX_TLS=ud_verbs,self` and
 //!   `UCX_TLS=rc_v,self` (`rc_verbs` with `ud_verbs` for wire-up only: UCP cannot connect
-//!   `rc_verbs` endpoints without an auxiliary transport), all in polling mode (sleep mode,
-//!   `-E sleep`, can hang: see `conformance/UCX.md`). A case passes when both sides exit 0
-//!   and the client prints its `Final:` row.
+//!   `rc_verbs` endpoints without an auxiliary transport), `tag_lat` also in sleep mode
+//!   (`-E sleep`: completion channels and `ibv_req_notify_cq` as UCX uses them). A case passes
+//!   when both sides exit 0 and the client prints its `Final:` row.
 //! - `conformance/ucx/mpi_check.c` built with `mpicc`, run by `mpirun --mca pml ucx` with one
 //!   rank per namespace (an rsh agent that does `ip netns exec` + `rocectl exec --dev-nodes`):
 //!   allreduce of 1 Mi doubles, broadcast, ping-pong 1 B … 4 MiB, every payload checked.
@@ -108,6 +108,11 @@ const CASES: &[Case] = &[
         args: "-t tag_lat",
     },
     Case {
+        id: "ucp-ud-tag_lat-sleep",
+        tls: "ud_verbs,self",
+        args: "-t tag_lat -E sleep",
+    },
+    Case {
         id: "ucp-ud-tag_bw-1M",
         tls: "ud_verbs,self",
         args: "-t tag_bw -s 1048576",
@@ -126,6 +131,11 @@ const CASES: &[Case] = &[
         id: "ucp-ud-stream_bw",
         tls: "ud_verbs,self",
         args: "-t stream_bw",
+    },
+    Case {
+        id: "ucp-rc-tag_lat-sleep",
+        tls: "rc_v,self",
+        args: "-t tag_lat -E sleep",
     },
     Case {
         id: "ucp-rc-tag_lat",

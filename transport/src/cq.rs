@@ -11,7 +11,7 @@
 //! the CQ's notifier lock (engine → CQ → whatever the notifier takes, which must be a leaf).
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use roce_qp::verbs::{Completion, WcStatus};
@@ -51,6 +51,11 @@ pub(crate) struct CqShared {
     /// A completion was lost to overflow before the queue was replaced by a resize (the new
     /// queue starts without the flag).
     pub(crate) overflowed_before: AtomicBool,
+    /// Completions queued so far (written under the queue lock).
+    pub(crate) pushed: AtomicU64,
+    /// The number (1-based, as [`Self::pushed`] counts) of the last completion queued that
+    /// fired no event (the CQ was not armed for it); 0 for none. Written under the queue lock.
+    pub(crate) unsignalled: AtomicU64,
 }
 
 impl std::fmt::Debug for CqShared {
@@ -74,23 +79,32 @@ impl CqShared {
             event: EventFd::new()?,
             notifier: Mutex::new(None),
             overflowed_before: AtomicBool::new(false),
+            pushed: AtomicU64::new(0),
+            unsignalled: AtomicU64::new(0),
         })
     }
 
     /// Queues a completion, wakes waiters and fires an armed completion channel: the notifier
     /// if one is set, else the event fd.
     pub(crate) fn push(&self, c: Completion) {
-        {
+        let fire = {
             let mut q = lock(&self.queue);
             // A full CQ is an overflow (the queue records it; `overflowed()` reports it).
-            let _ = q.push(c);
-        }
+            let queued = q.push(c).is_ok();
+            let armed = self.armed.load(Ordering::Acquire);
+            let fire = armed == NOTIFY_ALL
+                || (armed == NOTIFY_SOLICITED && (c.solicited || c.status != WcStatus::Success));
+            if queued {
+                let n = self.pushed.fetch_add(1, Ordering::AcqRel) + 1;
+                if !fire {
+                    self.unsignalled.store(n, Ordering::Release);
+                }
+            }
+            fire
+        };
         if self.waiters.load(Ordering::Acquire) > 0 {
             self.cond.notify_all();
         }
-        let armed = self.armed.load(Ordering::Acquire);
-        let fire = armed == NOTIFY_ALL
-            || (armed == NOTIFY_SOLICITED && (c.solicited || c.status != WcStatus::Success));
         if fire && self.armed.swap(NOTIFY_NONE, Ordering::AcqRel) != NOTIFY_NONE {
             let notifier = lock(&self.notifier);
             match notifier.as_ref() {

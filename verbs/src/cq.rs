@@ -445,12 +445,16 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
 
 /// `ibv_context_ops.req_notify_cq` (`ibv_req_notify_cq(3)`): arms the CQ; the next
 /// completion (with `solicited_only`, the next solicited or failed one) sends one event to
-/// its channel. 0, or EINVAL for NULL.
+/// its channel. Arming also fires at once when a completion that made no event is still
+/// queued (it landed between the application's last poll and this call): UCX's sleep mode
+/// arms without polling again and relies on it, as mlx5 devices behave. 0, or EINVAL for
+/// NULL.
 pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     ffi::guard_int("ibv_req_notify_cq", || {
         // SAFETY: NULL or a live CQ of this library (the verb's contract).
         let rec = unsafe { CqRec::from_ibv(cq) }.ok_or(libc::EINVAL)?;
         rec.cq.req_notify(solicited_only != 0);
+        rec.cq.notify_if_pending();
         Ok(())
     })
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use roce_qp::verbs::Completion;
 
-use crate::cq::{CqShared, NOTIFY_ALL, NOTIFY_SOLICITED};
+use crate::cq::{CqShared, NOTIFY_ALL, NOTIFY_NONE, NOTIFY_SOLICITED};
 use crate::device::Device;
 use crate::error::VerbsError;
 use crate::sys::lock;
@@ -111,6 +111,36 @@ impl CompletionQueue {
         self.shared.armed.store(mode, Ordering::Release);
         // A completion that arrived before arming does not fire; like verbs, callers poll
         // after arming to catch it.
+    }
+
+    /// Fires an armed notification at once when a completion that made no event (it came
+    /// while the CQ was not armed for it) is still queued; returns whether it fired. Called
+    /// right after [`Self::req_notify`], this closes the gap between an application's last
+    /// poll and its arming: UCX's sleep mode arms without polling again (a ConnectX device
+    /// raises an event for completions past the consumer index). A completion that already
+    /// made an event does not make another: perftest `-e` re-arms before polling the
+    /// completion its event was for, and would consume the stale event later.
+    pub fn notify_if_pending(&self) -> bool {
+        {
+            let q = lock(&self.shared.queue);
+            let pushed = self.shared.pushed.load(Ordering::Acquire);
+            let unsignalled = self.shared.unsignalled.load(Ordering::Acquire);
+            // The queue holds the completions numbered pushed - len + 1 ..= pushed.
+            let oldest_queued = pushed.saturating_sub(q.len() as u64) + 1;
+            if unsignalled == 0 || unsignalled < oldest_queued {
+                return false;
+            }
+        }
+        if self.shared.armed.swap(NOTIFY_NONE, Ordering::AcqRel) == NOTIFY_NONE {
+            // Not armed, or the engine fired it meanwhile.
+            return false;
+        }
+        let notifier = lock(&self.shared.notifier);
+        match notifier.as_ref() {
+            Some(f) => f(),
+            None => self.shared.event.notify(),
+        }
+        true
     }
 
     /// The completion channel's descriptor: readable when an armed notification fired.

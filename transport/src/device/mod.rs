@@ -56,6 +56,10 @@ pub(crate) struct DeviceShared {
     ip_mtu: usize,
     /// When the progress thread plans to wake (ns on the engine clock; 0: not sleeping).
     sleep_until: AtomicU64,
+    /// When an application thread last polled an empty CQ and ran a progress pass itself
+    /// (ns since [`thread::epoch`]; 0: never). While that is recent the engine thread steps
+    /// back (see `run_thread`).
+    pub(crate) app_polled: AtomicU64,
     /// The link to the rocectl daemon, when it serves this device's address.
     pub(crate) daemon: Option<Arc<crate::control::DaemonClient>>,
 }
@@ -207,6 +211,7 @@ impl Device {
             local,
             ip_mtu: caps.ip_mtu,
             sleep_until: AtomicU64::new(0),
+            app_polled: AtomicU64::new(0),
             daemon,
         });
         if let Some(d) = &shared.daemon {
@@ -368,8 +373,12 @@ impl Device {
 
     /// Progress if nobody else is making it right now (CQ polls that found nothing).
     pub(crate) fn try_progress(&self) {
-        let defer = self.shared().progress == Progress::Manual;
-        if let Ok(mut e) = self.shared().engine.try_lock() {
+        let s = self.shared();
+        let defer = s.progress == Progress::Manual;
+        if s.progress == Progress::Thread {
+            s.app_polled.store(thread::since_epoch_ns(), Ordering::Relaxed);
+        }
+        if let Ok(mut e) = s.engine.try_lock() {
             e.progress(defer);
         }
     }

@@ -12,6 +12,18 @@
 //!   or a delayed simulated packet). With [`crate::Progress::Manual`] there is no such thread:
 //!   the application's `progress`/`progress_wait`/CQ polls run the same pass.
 //!
+//! # Stepping back while the application polls
+//!
+//! A busy-polling application runs the receive pass itself (a CQ poll that finds nothing calls
+//! `try_progress`). If the engine thread also sleeps on the datapath's descriptor, every
+//! datagram wakes it too: two threads race for the engine lock and the packet, and on a
+//! small host the wake-up itself (a context switch onto a CPU the poller wants) costs more
+//! than the receive. So while an application thread has polled within [`APP_POLL_WINDOW`],
+//! the engine thread does not wait on the descriptor: it sleeps until its next deadline, at
+//! most one window, and then runs a pass (timers, and whatever the poller left). When the
+//! polls stop it waits on the descriptor again, so one-sided operations into an idle
+//! application still complete.
+//!
 //! # Lock order
 //!
 //! **engine → CQ → capture → sim network.** Each lock is only ever taken while holding locks
@@ -61,8 +73,8 @@
 //! empty pass.
 
 use std::sync::atomic::Ordering;
-use std::sync::MutexGuard;
-use std::time::Duration;
+use std::sync::{MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use super::{Device, DeviceShared};
 use crate::clock;
@@ -98,6 +110,28 @@ impl DeviceShared {
     }
 }
 
+/// How recent an application's CQ poll must be for the engine thread to step back.
+pub(super) const APP_POLL_WINDOW: Duration = Duration::from_millis(1);
+
+/// The process-wide origin of [`since_epoch_ns`].
+pub(super) fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// Nanoseconds since [`epoch`], never 0.
+pub(super) fn since_epoch_ns() -> u64 {
+    u64::try_from(epoch().elapsed().as_nanos())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+/// Whether an application thread polled within [`APP_POLL_WINDOW`].
+fn app_polling(s: &DeviceShared) -> bool {
+    let at = s.app_polled.load(Ordering::Relaxed);
+    at != 0 && since_epoch_ns().saturating_sub(at) < APP_POLL_WINDOW.as_nanos() as u64
+}
+
 pub(super) const DATAPATH: mio::Token = mio::Token(0);
 pub(super) const WAKER: mio::Token = mio::Token(1);
 
@@ -118,6 +152,12 @@ pub(super) fn run_thread(s: &DeviceShared, mut poll: mio::Poll, has_fd: bool) {
         let mut timeout = deadline.unwrap_or(Duration::from_secs(1));
         if r.tx_blocked || !has_fd {
             timeout = timeout.min(Duration::from_micros(200));
+        }
+        if has_fd && app_polling(s) {
+            // The application receives for itself: stay off the descriptor (module docs).
+            std::thread::sleep(timeout.min(APP_POLL_WINDOW));
+            s.sleep_until.store(0, Ordering::Release);
+            continue;
         }
         if poll.poll(&mut events, Some(timeout)).is_err() {
             std::thread::sleep(Duration::from_millis(1));

@@ -6,7 +6,8 @@
 //!   `/dev/infiniband/<dev_name>` is a character device): UCT tests on `rc_verbs` and
 //!   `ud_verbs` (`-d rocectl_ucx:1 -x TL`) and UCP tests with `UCX_TLS=ud_verbs,self` and
 //!   `UCX_TLS=rc_v,self` (`rc_verbs` with `ud_verbs` for wire-up only: UCP cannot connect
-//!   `rc_verbs` endpoints without an auxiliary transport). A case passes when both sides exit 0
+//!   `rc_verbs` endpoints without an auxiliary transport), all in polling mode (sleep mode,
+//!   `-E sleep`, can hang: see `conformance/UCX.md`). A case passes when both sides exit 0
 //!   and the client prints its `Final:` row.
 //! - `conformance/ucx/mpi_check.c` built with `mpicc`, run by `mpirun --mca pml ucx` with one
 //!   rank per namespace (an rsh agent that does `ip netns exec` + `rocectl exec --dev-nodes`):

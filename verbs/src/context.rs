@@ -21,10 +21,20 @@
 //!
 //! Lock order: engine → the dispatcher's context list → a context's `qps` → its event
 //! queue. Never call into the transport while holding `qps`.
+//!
+//! # Command descriptor and import
+//!
+//! Each context's `cmd_fd` is a memfd of its own (close-on-exec) that identifies it: there is
+//! no kernel command channel, but `ibv_import_device(3)` takes a dup of it (`dup`,
+//! `SCM_RIGHTS` within the process) and finds the context by the descriptor's file identity
+//! (`st_dev`, `st_ino`, not its number), then returns a new context on the same engine, which
+//! owns the descriptor it was given and closes it in `ibv_close_device`. Import works within
+//! one process only (the engine lives in it): a descriptor from another process matches no
+//! context here and fails with `ENODEV`.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_int;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use roce_transport::netdev;
@@ -160,6 +170,39 @@ pub(crate) struct ContextRec {
     pub(crate) device: &'static DeviceRec,
     events: Arc<AsyncQueue>,
     open: Arc<OpenDevice>,
+    /// `cmd_fd`: a memfd identifying the context (module doc, "Command descriptor").
+    cmd: OwnedFd,
+}
+
+/// The open contexts by the identity of their `cmd_fd`, for `ibv_import_device`:
+/// (`st_dev`, `st_ino`, the `ContextRec` address). A context is listed from its creation
+/// until `ibv_close_device` removes it (under this lock, before freeing it).
+static CONTEXTS: Mutex<Vec<(u64, u64, usize)>> = Mutex::new(Vec::new());
+
+/// The file identity (`st_dev`, `st_ino`) of descriptor `fd`, or the errno of `fstat`.
+fn fd_identity(fd: c_int) -> Result<(u64, u64), i32> {
+    // SAFETY: C data, all zeroes valid; filled by fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a live stat struct; fstat checks `fd` itself (EBADF).
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EBADF));
+    }
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// A fresh memfd for a context's `cmd_fd` (close-on-exec).
+fn new_cmd_fd() -> Result<OwnedFd, i32> {
+    // SAFETY: a NUL-terminated name; a negative return is an error.
+    let fd = unsafe { libc::memfd_create(c"rocectl-verbs-context".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EMFILE));
+    }
+    // SAFETY: `fd` is fresh from memfd_create and owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 impl ContextRec {
@@ -188,6 +231,12 @@ impl ContextRec {
     /// The `ibv_context` pointer applications hold.
     pub(crate) fn ibv(&self) -> *mut ibv_context {
         std::ptr::from_ref(&self.vctx.context).cast_mut()
+    }
+
+    /// Identifies the engine this context drives: equal for the contexts of one device (an
+    /// imported context and the one it was imported from), different otherwise.
+    pub(crate) fn engine_id(&self) -> usize {
+        Arc::as_ptr(&self.open) as usize
     }
 }
 
@@ -238,14 +287,59 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     ffi::guard_ptr("ibv_open_device", || {
         let rec = DeviceRec::from_ibv(device).ok_or(libc::EINVAL)?;
         let open = open_shared(rec)?;
-        new_context(rec, open)
+        new_context(rec, open, None).map_err(|(e, _)| e)
     })
 }
 
-/// A new context of `rec` on its open engine.
-fn new_context(rec: &'static DeviceRec, open: Arc<OpenDevice>) -> Result<*mut ibv_context, i32> {
+/// `ibv_import_device(3)` (IBVERBS_1.10): a new context on the engine of the open context whose
+/// `cmd_fd` is the same file as `cmd_fd` (a dup of it, module doc). The new context owns
+/// `cmd_fd` and closes it in `ibv_close_device`. NULL with `errno`: `EBADF` (not a
+/// descriptor), `ENODEV` (no open context of this process has it).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
+    ffi::guard_ptr("ibv_import_device", || {
+        let (dev, ino) = fd_identity(cmd_fd)?;
+        let (device, open) = {
+            let list = lock(&CONTEXTS);
+            let &(_, _, p) = list
+                .iter()
+                .find(|(d, i, _)| (*d, *i) == (dev, ino))
+                .ok_or(libc::ENODEV)?;
+            // SAFETY: a listed context is live: `ibv_close_device` unlists it under this
+            // lock before freeing it.
+            let r = unsafe { &*(p as *const ContextRec) };
+            (r.device, r.open.clone())
+        };
+        // SAFETY: the caller hands the descriptor over (ibv_import_device(3): the context may
+        // close it); it is open (fstat succeeded).
+        let fd = unsafe { OwnedFd::from_raw_fd(cmd_fd) };
+        new_context(device, open, Some(fd)).map_err(|(e, fd)| {
+            // Failed: the descriptor stays the caller's.
+            if let Some(fd) = fd {
+                let _ = fd.into_raw_fd();
+            }
+            e
+        })
+    })
+}
+
+/// A new context of `rec` on its open engine, with `cmd` as its `cmd_fd` (a fresh memfd when
+/// `None`). On failure `cmd` is handed back.
+fn new_context(
+    rec: &'static DeviceRec,
+    open: Arc<OpenDevice>,
+    cmd: Option<OwnedFd>,
+) -> Result<*mut ibv_context, (i32, Option<OwnedFd>)> {
     let qps = Arc::new(Mutex::new(HashMap::new()));
-    let events = Arc::new(AsyncQueue::new(qps.clone())?);
+    let events = match AsyncQueue::new(qps.clone()) {
+        Ok(q) => Arc::new(q),
+        Err(e) => return Err((e, cmd)),
+    };
+    let cmd = match cmd {
+        Some(fd) => fd,
+        None => new_cmd_fd().map_err(|e| (e, None))?,
+    };
+    let identity = fd_identity(cmd.as_raw_fd()).map_err(|e| (e, None))?;
     let b = Box::new(ContextRec {
         // SAFETY: verbs_context is C data (pointers, integers, `Option<fn>`s, a pthread
         // mutex initialised below): all zeroes is valid.
@@ -256,19 +350,21 @@ fn new_context(rec: &'static DeviceRec, open: Arc<OpenDevice>) -> Result<*mut ib
         device: rec,
         events: events.clone(),
         open: open.clone(),
+        cmd,
     });
     let p = Box::into_raw(b);
     // SAFETY: `p` is the live record just leaked; nothing else refers to it yet.
     let r = unsafe { &mut *p };
     let c = &mut r.vctx.context;
     c.device = rec.ibv();
-    c.cmd_fd = -1;
+    c.cmd_fd = r.cmd.as_raw_fd();
     c.async_fd = events.fd.as_raw_fd();
     c.num_comp_vectors = 1;
     // SAFETY: the mutex is in the boxed record, which does not move until it is freed.
     unsafe { libc::pthread_mutex_init(std::ptr::from_mut(&mut c.mutex).cast(), std::ptr::null()) };
     crate::install_ops(&mut r.vctx);
     lock(&open.dispatch.contexts).push(Arc::downgrade(&events));
+    lock(&CONTEXTS).push((identity.0, identity.1, p as usize));
     ffi::trace(format_args!(
         "opened {} on {}",
         rec.spec.name,
@@ -286,7 +382,7 @@ pub(crate) fn open_test_context(dev: roce_transport::Device) -> *mut ibv_context
     let open = OpenDevice::new(dev);
     *lock(&rec.open) = Arc::downgrade(&open);
     // INVARIANT: only an eventfd can fail here; a test may panic on it.
-    new_context(rec, open).expect("eventfd for async_fd")
+    new_context(rec, open, None).expect("eventfd for async_fd")
 }
 
 /// `ibv_close_device(3)`: frees the context; the engine stops with the last context of the
@@ -296,8 +392,9 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     ffi::guard_int("ibv_close_device", || {
         // SAFETY: `context` is NULL or an open context of this library.
         let p = unsafe { ContextRec::rec_ptr(context) }.ok_or(libc::EINVAL)?;
+        lock(&CONTEXTS).retain(|&(_, _, c)| c != p as usize);
         // SAFETY: the record came from Box::into_raw in ibv_open_device; closing it twice is
-        // the application's bug, as with rdma-core.
+        // the application's bug, as with rdma-core. Unlisted above, so no import reaches it.
         let mut b = unsafe { Box::from_raw(p) };
         lock(&b.open.dispatch.contexts)
             .retain(|w| w.strong_count() > 0 && !w.ptr_eq(&Arc::downgrade(&b.events)));
@@ -848,7 +945,8 @@ mod tests {
         // SAFETY: just opened.
         let rec = unsafe { ContextRec::from_ibv(ctx) }.unwrap();
         let c = &rec.vctx.context;
-        assert_eq!((c.cmd_fd, c.num_comp_vectors), (-1, 1));
+        assert!(c.cmd_fd >= 0);
+        assert_eq!(c.num_comp_vectors, 1);
         assert!(c.async_fd >= 0);
         assert_eq!(c.abi_compat as usize, usize::MAX);
         assert!(rec.vctx.query_port.is_some() && rec.vctx.query_device_ex.is_some());

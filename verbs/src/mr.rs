@@ -14,9 +14,16 @@
 //! (1 << 20 ..= 1 << 29) and HUGETLB are accepted and ignored; ON_DEMAND is `EOPNOTSUPP` (the
 //! device reports no ODP); REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE, or any other
 //! bit, is `EINVAL`.
+//!
+//! Import (`ibv_import_mr(3)`): every MR has a unique `handle`; importing it into a PD of the
+//! same engine returns a new `ibv_mr` sharing the registration (same keys, `addr` NULL as the
+//! man page says). The registration lives while the original or an import holds it;
+//! `ibv_unimport_mr` frees only the import, `ibv_dereg_mr` of the original also makes the
+//! handle unimportable.
 
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use roce_transport::{Access, MemoryRegion};
 
@@ -37,8 +44,19 @@ const ACCESS_OPTIONAL_RANGE: u32 = (((1 << 29) << 1) - 1) & !(IBV_ACCESS_OPTIONA
 pub(crate) struct MrRec {
     /// Must stay the first field.
     pub(crate) ibv: ibv_mr,
-    /// The registration; changed in place by `ibv_rereg_mr`.
-    mr: Mutex<MemoryRegion>,
+    /// The registration; changed in place by `ibv_rereg_mr`; shared with its imports.
+    mr: Arc<Mutex<MemoryRegion>>,
+}
+
+/// Importable MRs by handle: the engine of their context and the shared registration.
+type Shared = (usize, Arc<Mutex<MemoryRegion>>);
+static MRS: Mutex<Option<HashMap<u32, Shared>>> = Mutex::new(None);
+
+/// The engine id of `pd`'s context (0 when it has none).
+fn engine_of(pd: &PdRec) -> usize {
+    // SAFETY: a live PD's context is open (contexts outlive their objects).
+    unsafe { crate::context::ContextRec::from_ibv(pd.ibv.context) }
+        .map_or(0, crate::context::ContextRec::engine_id)
 }
 
 impl MrRec {
@@ -100,8 +118,11 @@ unsafe fn register(
             lkey: key,
             rkey: mr.rkey().value(),
         },
-        mr: Mutex::new(mr),
+        mr: Arc::new(Mutex::new(mr)),
     });
+    lock(&MRS)
+        .get_or_insert_with(HashMap::new)
+        .insert(out.ibv.handle, (engine_of(rec), out.mr.clone()));
     rec.hold();
     ffi::trace(format_args!(
         "reg_mr addr={addr:p} len={length} iova={iova:#x} access={rights} lkey={key:#x}"
@@ -182,13 +203,75 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         // SAFETY: a live MR of this library (the verb's contract), given up by this call.
         let rec = unsafe { Box::from_raw(mr.cast::<MrRec>()) };
         let pd = rec.ibv.pd;
-        // Deregisters the key (MemoryRegion's Drop).
+        if let Some(m) = lock(&MRS).as_mut() {
+            if m.get(&rec.ibv.handle)
+                .is_some_and(|(_, s)| Arc::ptr_eq(s, &rec.mr))
+            {
+                m.remove(&rec.ibv.handle);
+            }
+        }
+        // Deregisters the key (MemoryRegion's Drop) unless an import still holds it.
         drop(rec);
         // SAFETY: the MR's PD outlives it: `ibv_dealloc_pd` refuses while the MR holds it.
         if let Some(pd) = unsafe { PdRec::from_ibv(pd) } {
             pd.release();
         }
         Ok(())
+    })
+}
+
+/// `ibv_import_mr(3)` (IBVERBS_1.10): a new `ibv_mr` in `pd` for the MR whose `handle` is
+/// `mr_handle` on the engine of `pd`'s context, sharing its registration (module doc); its
+/// `addr` is NULL. NULL with `errno`: `EINVAL` (NULL PD), `ENOENT` (no such MR on this device).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_import_mr(pd: *mut ibv_pd, mr_handle: u32) -> *mut ibv_mr {
+    ffi::guard_ptr("ibv_import_mr", || {
+        // SAFETY: `pd` is NULL or a live PD of this library (the verb's contract).
+        let rec = unsafe { PdRec::from_ibv(pd) }.ok_or(libc::EINVAL)?;
+        let engine = engine_of(rec);
+        let shared = lock(&MRS)
+            .as_ref()
+            .and_then(|m| m.get(&mr_handle))
+            .filter(|(e, _)| *e == engine)
+            .map(|(_, s)| s.clone())
+            .ok_or(libc::ENOENT)?;
+        let (length, lkey, rkey) = {
+            let m = lock(&shared);
+            (m.len(), m.lkey().value(), m.rkey().value())
+        };
+        let out = Box::new(MrRec {
+            ibv: ibv_mr {
+                context: rec.ibv.context,
+                pd,
+                addr: std::ptr::null_mut(),
+                length,
+                handle: mr_handle,
+                lkey,
+                rkey,
+            },
+            mr: shared,
+        });
+        rec.hold();
+        Ok(Box::into_raw(out).cast::<ibv_mr>())
+    })
+}
+
+/// `ibv_unimport_mr(3)` (IBVERBS_1.10): frees an `ibv_mr` from [`ibv_import_mr`] without
+/// deregistering the region its original still holds. NULL is ignored.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_unimport_mr(mr: *mut ibv_mr) {
+    ffi::guard("ibv_unimport_mr", (), || {
+        if mr.is_null() {
+            return;
+        }
+        // SAFETY: a live MR of this library (the verb's contract), given up by this call.
+        let rec = unsafe { Box::from_raw(mr.cast::<MrRec>()) };
+        let pd = rec.ibv.pd;
+        drop(rec);
+        // SAFETY: the MR's PD outlives it: unimport/dealloc keep a PD that has users.
+        if let Some(pd) = unsafe { PdRec::from_ibv(pd) } {
+            pd.release();
+        }
     })
 }
 

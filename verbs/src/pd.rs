@@ -3,7 +3,14 @@
 //! A PD counts its users: every memory region registered in it, and every QP, SRQ and AH
 //! created in it (`PdRec::hold` / `PdRec::release`). `ibv_dealloc_pd` refuses with
 //! `EBUSY` while the count is not zero, as the kernel does.
+//!
+//! Every PD has a unique `handle`; `ibv_import_pd(3)` finds a PD of the same engine by it (in
+//! a context from `ibv_import_device`, or any context of the device) and returns a new `ibv_pd`
+//! sharing the rocectl PD (`ProtectionDomain` is a shared handle: the domain lives while any
+//! record holds it). `ibv_unimport_pd` frees only that record; `ibv_dealloc_pd` of either
+//! frees its record and makes the handle unimportable.
 
+use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -22,6 +29,11 @@ pub(crate) struct PdRec {
     /// Objects using the PD (MRs, QPs, SRQs, AHs).
     users: AtomicU32,
 }
+
+/// PDs that can be imported, by handle: the engine of their context
+/// ([`ContextRec::engine_id`]) and the rocectl PD.
+static PDS: Mutex<Option<HashMap<u32, (usize, roce_transport::ProtectionDomain)>>> =
+    Mutex::new(None);
 
 impl PdRec {
     /// The record behind an `ibv_pd` of this library; `None` for NULL.
@@ -84,7 +96,59 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
             pd: ctx.dev.alloc_pd(),
             users: AtomicU32::new(0),
         });
+        lock(&PDS)
+            .get_or_insert_with(HashMap::new)
+            .insert(rec.ibv.handle, (ctx.engine_id(), rec.pd.clone()));
         Ok(Box::into_raw(rec).cast::<ibv_pd>())
+    })
+}
+
+/// `ibv_import_pd(3)` (IBVERBS_1.10): a new `ibv_pd` for the PD whose `handle` is `pd_handle`
+/// on the engine of `context` (module doc). NULL with `errno`: `EINVAL` (NULL context),
+/// `ENOENT` (no such PD on this device).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_import_pd(context: *mut ibv_context, pd_handle: u32) -> *mut ibv_pd {
+    ffi::guard_ptr("ibv_import_pd", || {
+        // SAFETY: `context` is NULL or an open context of this library (the verb's contract).
+        let ctx = unsafe { ContextRec::from_ibv(context) }.ok_or(libc::EINVAL)?;
+        let pd = lock(&PDS)
+            .as_ref()
+            .and_then(|m| m.get(&pd_handle))
+            .filter(|(engine, _)| *engine == ctx.engine_id())
+            .map(|(_, pd)| pd.clone())
+            .ok_or(libc::ENOENT)?;
+        let rec = Box::new(PdRec {
+            ibv: ibv_pd {
+                context,
+                handle: pd_handle,
+            },
+            pd,
+            users: AtomicU32::new(0),
+        });
+        Ok(Box::into_raw(rec).cast::<ibv_pd>())
+    })
+}
+
+/// `ibv_unimport_pd(3)` (IBVERBS_1.10): frees a PD record from [`ibv_import_pd`] (or any PD
+/// record) without destroying the PD. A PD still used by objects of this library is kept
+/// (they refer to it); NULL is ignored.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_unimport_pd(pd: *mut ibv_pd) {
+    ffi::guard("ibv_unimport_pd", (), || {
+        // SAFETY: `pd` is NULL or a live PD of this library (the verb's contract).
+        let Some(rec) = (unsafe { PdRec::from_ibv(pd) }) else {
+            return;
+        };
+        if rec.users() != 0 {
+            ffi::trace(format_args!(
+                "ibv_unimport_pd: PD {} still has {} users: kept",
+                rec.ibv.handle,
+                rec.users()
+            ));
+            return;
+        }
+        // SAFETY: allocated with `Box::into_raw`; given up by this call, unused (count 0).
+        drop(unsafe { Box::from_raw(pd.cast::<PdRec>()) });
     })
 }
 
@@ -97,6 +161,9 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         let rec = unsafe { PdRec::from_ibv(pd) }.ok_or(libc::EINVAL)?;
         if rec.users() != 0 {
             return Err(libc::EBUSY);
+        }
+        if let Some(m) = lock(&PDS).as_mut() {
+            m.remove(&rec.ibv.handle);
         }
         // SAFETY: allocated by `ibv_alloc_pd` with `Box::into_raw`; the application gives it
         // up with this call, and no object of this library refers to it any more (count 0).
@@ -191,6 +258,80 @@ mod tests {
             assert_eq!(ibv_dealloc_pd(pd), 0);
             assert_eq!(ibv_dealloc_pd(std::ptr::null_mut()), libc::EINVAL);
         }
+        testing::close(ctx);
+    }
+
+    /// ibv_import_device/pd/mr within one process: a dup of `cmd_fd` finds its context, the
+    /// handles find the PD and MR of that engine (not of another device's), imports share
+    /// the keys, unimport frees only the import, the imported context closes its descriptor.
+    #[test]
+    fn a_dup_of_cmd_fd_imports_the_context_and_its_pd_and_mr() {
+        use crate::context::ibv_import_device;
+        use crate::mr::{ibv_dereg_mr, ibv_import_mr, ibv_reg_mr, ibv_unimport_mr};
+        let Some(lab) = testing::Lab::new("vmimp") else {
+            return;
+        };
+        let ctx = lab.open(1);
+        let other = lab.open(2);
+        let errno = || std::io::Error::last_os_error().raw_os_error().unwrap();
+        // SAFETY: live contexts; every object is used only while it exists; the buffer
+        // outlives the MR.
+        unsafe {
+            let cmd = (*ctx).cmd_fd;
+            assert!(cmd >= 0 && cmd != (*other).cmd_fd);
+            let pd = ibv_alloc_pd(ctx);
+            let mut buf = vec![0u8; 64];
+            let mr = ibv_reg_mr(pd, buf.as_mut_ptr().cast(), 64, 1);
+            assert!(!pd.is_null() && !mr.is_null());
+
+            // Not a descriptor; a descriptor of no context.
+            assert!(ibv_import_device(-1).is_null());
+            assert_eq!(errno(), libc::EBADF);
+            let stray = libc::memfd_create(c"stray".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(ibv_import_device(stray).is_null());
+            assert_eq!(errno(), libc::ENODEV);
+            libc::close(stray);
+
+            let dup = libc::dup(cmd);
+            let ctx2 = ibv_import_device(dup);
+            assert!(!ctx2.is_null() && ctx2 != ctx);
+            assert_eq!((*ctx2).cmd_fd, dup);
+            assert_eq!((*ctx2).device, (*ctx).device);
+
+            // The other device's engine does not know the handle; a wrong handle is ENOENT.
+            assert!(ibv_import_pd(other, (*pd).handle).is_null());
+            assert_eq!(errno(), libc::ENOENT);
+            assert!(ibv_import_pd(ctx2, u32::MAX).is_null());
+            let pd2 = ibv_import_pd(ctx2, (*pd).handle);
+            assert!(!pd2.is_null() && pd2 != pd);
+            assert_eq!(((*pd2).context, (*pd2).handle), (ctx2, (*pd).handle));
+
+            let mr2 = ibv_import_mr(pd2, (*mr).handle);
+            assert!(!mr2.is_null());
+            assert!((*mr2).addr.is_null());
+            assert_eq!(
+                ((*mr2).lkey, (*mr2).rkey, (*mr2).length, (*mr2).pd),
+                ((*mr).lkey, (*mr).rkey, 64, pd2)
+            );
+            assert!(ibv_import_mr(pd2, u32::MAX).is_null());
+            // The import holds its PD.
+            assert_eq!(ibv_dealloc_pd(pd2), libc::EBUSY);
+            ibv_unimport_mr(mr2);
+            ibv_unimport_pd(pd2);
+            // The originals are untouched by the unimports.
+            assert_eq!(PdRec::from_ibv(pd).unwrap().users(), 1);
+            let (pd_handle, mr_handle) = ((*pd).handle, (*mr).handle);
+            assert_eq!(ibv_dereg_mr(mr), 0);
+            // Destroyed objects cannot be imported any more.
+            assert!(ibv_import_mr(pd, mr_handle).is_null());
+            assert_eq!(errno(), libc::ENOENT);
+            assert_eq!(ibv_dealloc_pd(pd), 0);
+            assert!(ibv_import_pd(ctx2, pd_handle).is_null());
+            testing::close(ctx2);
+            // The imported context owned (and closed) the descriptor it was given.
+            assert_eq!(libc::fcntl(dup, libc::F_GETFD), -1);
+        }
+        testing::close(other);
         testing::close(ctx);
     }
 }

@@ -209,7 +209,7 @@ fn a_bad_config_is_one_line_and_exit_status_2() {
     let cases = [
         ("modee = \"x\"\n", "line 1: unknown field `modee`"),
         ("[qpn]\nrange_size = 3\n", "qpn.range_size = 3"),
-        ("mode = \"forwarding\"\n", "not implemented yet"),
+        ("mode = \"bpf\"\n", "unknown variant `bpf`"),
         (
             "address = \"127.0.0.1\"\n[socket]\ngroup = \"no-such-group-q\"\n",
             "no such group",
@@ -989,4 +989,66 @@ fn rocectl_exclusive_keeps_a_process_off_the_daemon() {
     );
     assert!(d.json(&["res", "show", "-j"]).is_empty());
     assert!(!d.log().contains("QPN range allocated"), "{}", d.log());
+}
+
+/// Forwarding mode, for hosts shared by several users: a uid-65534 process and a root process
+/// share 127.0.0.1 (the daemon receives on 4791 and copies each datagram into its owner's
+/// ring), and run a pingpong with every byte checked. A client cannot take the port for
+/// itself: binding 4791 alone (`ROCECTL_EXCLUSIVE=1`) fails, the daemon holds it.
+#[test]
+fn forwarding_mode_serves_two_users_on_one_address() {
+    if !netns_or_skip("forwarding_mode_serves_two_users_on_one_address") {
+        return;
+    }
+    let ns = TempNetns::create("dmn-fwd").unwrap();
+    let d = Daemon::start("fwd", Some(&ns), "mode = \"forwarding\"\n");
+    let srv = pingpong_server(&ns, &d, true, 18_740);
+    wait_for(Duration::from_secs(10), "the uid-65534 server", || {
+        (!d.clients_with_pid(srv.pid()).is_empty()).then_some(())
+    });
+    // Both users hold ranges at once (kernel-demux would refuse the second uid). The server's
+    // default is 1000 exchanges; the client's must match.
+    let args = [
+        "rc-pingpong",
+        "-d",
+        "lo",
+        "-p",
+        "18740",
+        "--chk",
+        "127.0.0.1",
+    ];
+    let cli = tool(&ns, &d, &args, "root client");
+    for p in [srv, cli] {
+        let what = p.what().to_owned();
+        let out = p.wait(Duration::from_secs(120));
+        assert!(out.success(), "{what}: {}", out.combined());
+    }
+    let stat = d.json(&["stat", "-j"]);
+    let daemon = stat.last().unwrap();
+    assert!(daemon["forwarded"].as_u64().unwrap() >= 2000, "{daemon}");
+    assert_eq!(daemon["rx-drop-no-owner"], 0, "{daemon}");
+    assert!(
+        d.log().contains("uid=65534") && d.log().contains("uid=0"),
+        "{}",
+        d.log()
+    );
+    // A client trying to take the address for itself.
+    let mut cmd = ns.command("env");
+    cmd.args([
+        "ROCECTL_EXCLUSIVE=1",
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ]);
+    cmd.args([ROCECTL, "rc-pingpong", "-d", "lo", "-p", "18741"]);
+    let out = Proc::spawn(cmd, "thief", &d.dir.0)
+        .unwrap()
+        .wait(Duration::from_secs(10));
+    assert!(!out.success());
+    assert!(
+        out.combined().contains("already in use"),
+        "{}",
+        out.combined()
+    );
 }

@@ -3,7 +3,7 @@
 //! address, the socket's group).
 //!
 //! ```toml
-//! mode = "kernel-demux"            # or "forwarding" (not implemented yet)
+//! mode = "kernel-demux"            # or "forwarding" (several users)
 //! interface = "eth0"               # or: address = "192.0.2.1" (one of the two)
 //!
 //! [socket]
@@ -236,16 +236,10 @@ impl Config {
                 self.socket.path.display().to_string()
             ));
         }
-        if self.mode == Mode::KernelDemux && size > 1 << 20 {
+        if size > 1 << 20 {
             return Err(format!(
-                "qpn.range_size = {size}: kernel-demux mode steers ranges of at most 1048576 QPNs (16 ranges)"
+                "qpn.range_size = {size}: at most 1048576 QPNs per range (16 ranges)"
             ));
-        }
-        if self.mode == Mode::Forwarding {
-            return Err(
-                "mode = \"forwarding\" is not implemented yet; use mode = \"kernel-demux\" (one trust domain)"
-                    .into(),
-            );
         }
         if self.limits.max_clients == Some(0) {
             return Err("limits.max_clients = 0 would refuse every client".into());
@@ -395,7 +389,7 @@ mr_bytes = 1048576
             ),
             ("[qpn]\nrange_size = 128", "power of two from 256"),
             ("[qpn]\nrange_size = 2097152", "at most 1048576 QPNs"),
-            ("mode = \"forwarding\"", "not implemented yet"),
+            ("mode = \"forward\"", "unknown variant `forward`"),
             ("address = \"10.0.0.300\"", "line 1: invalid IP address"),
         ];
         for (text, want) in cases {

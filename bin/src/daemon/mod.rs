@@ -34,6 +34,8 @@ use clap::Args;
 use roce_transport::control::sys::{sd_notify, systemd_listener};
 use roce_transport::control::{Mode, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR};
 use roce_transport::datapath::demux::{DemuxGroup, SlotLayout};
+use roce_transport::datapath::fwdring::Forwarder;
+use roce_transport::datapath::udp::{UdpDatapath, UdpOptions};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use tracing::{error, info, warn};
@@ -98,10 +100,12 @@ pub(crate) fn run(args: &DaemonArgs) -> anyhow::Result<ExitCode> {
         mode: cfg.mode,
         qpn_range_size: cfg.qpn.range_size,
     };
+    let forward = open_forwarder(cfg.mode, address, cfg.qpn.range_size)?;
     let server = Arc::new(Server::new(
         Registry::new(Policy::from_config(&cfg)),
         welcome,
         demux,
+        forward,
     ));
     install_signals(owned_path.clone())?;
     info!(
@@ -243,8 +247,29 @@ fn open_demux(
             );
             Ok(Some(group))
         }
-        Mode::Forwarding => anyhow::bail!("mode forwarding is not implemented yet"),
+        Mode::Forwarding => Ok(None),
     }
+}
+
+/// Forwarding mode: the daemon's own socket on `address`:4791 and the forwarder that copies
+/// each datagram into its owner's ring.
+///
+/// # Errors
+/// The address is in use (another RoCE stack or rocectl) or not on this host.
+fn open_forwarder(
+    mode: Mode,
+    address: IpAddr,
+    range_size: u32,
+) -> anyhow::Result<Option<Forwarder>> {
+    if mode != Mode::Forwarding {
+        return Ok(None);
+    }
+    let layout = SlotLayout::new(range_size.trailing_zeros() as u8)?;
+    let addr = std::net::SocketAddr::new(address, 4_791);
+    let dp = UdpDatapath::bind(addr, UdpOptions::default())
+        .with_context(|| format!("forwarding: binding {addr}"))?;
+    info!(%addr, slots = layout.slots(), "forwarding: receiving for every client");
+    Ok(Some(Forwarder::new(Box::new(dp), layout)))
 }
 
 /// SIGINT/SIGTERM: log, remove the socket we created, tell systemd, exit 0. Clients see

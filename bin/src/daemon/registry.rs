@@ -237,6 +237,7 @@ impl Registry {
             qpn_count: self.policy.range_size,
             mode: self.policy.mode,
             demux_fds: false,
+            ring_fds: false,
         };
         if let Some(c) = self.clients.get_mut(&id) {
             c.lease = Some(lease.clone());
@@ -356,6 +357,7 @@ impl Registry {
             slots_quarantined: count(|s| matches!(s, Slot::Quarantined { .. })),
             clients_reaped: self.reaped,
             limit_refusals: self.refusals,
+            ..DaemonStats::default()
         }
     }
 }

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use roce_transport::control::sys::wait_readable;
 use roce_transport::control::sys::{
     peer_cred, peer_pidfd, pidfd_exited, read_frame, write_frame, PeerCred,
 };
@@ -20,6 +21,10 @@ use roce_transport::control::{
     ControlError, Hello, Reply, Request, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
 use roce_transport::datapath::demux::DemuxGroup;
+use roce_transport::datapath::fwdring::{Forwarder, RingFds, RingProducer};
+
+/// Slots of each client's forwarding ring (4.2 KiB each).
+const RING_SLOTS: u32 = 1_024;
 use tracing::{debug, info, warn};
 
 use super::registry::{ClientId, Registry};
@@ -32,16 +37,56 @@ pub(crate) struct Server {
     /// The kernel demultiplexer, whose map and program every lease carries (kernel-demux
     /// mode).
     pub(crate) demux: Option<DemuxGroup>,
+    /// The forwarder: the daemon's socket on IP:4791 and every client's ring (forwarding
+    /// mode).
+    pub(crate) forward: Option<Mutex<Forwarder>>,
     next_id: AtomicU64,
 }
 
+/// Descriptors that go with a reply.
+enum Extra {
+    None,
+    /// The demultiplexer's map and program.
+    Demux,
+    /// A new client's ring.
+    Ring(RingFds),
+}
+
 impl Server {
-    pub(crate) fn new(registry: Registry, welcome: Welcome, demux: Option<DemuxGroup>) -> Self {
+    pub(crate) fn new(
+        registry: Registry,
+        welcome: Welcome,
+        demux: Option<DemuxGroup>,
+        forward: Option<Forwarder>,
+    ) -> Self {
         Self {
             registry: Mutex::new(registry),
             welcome,
             demux,
+            forward: forward.map(Mutex::new),
             next_id: AtomicU64::new(1),
+        }
+    }
+
+    fn forwarder(&self) -> Option<MutexGuard<'_, Forwarder>> {
+        self.forward
+            .as_ref()
+            .map(|f| f.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The forwarding loop: wait for datagrams on the shared socket, copy each batch into the
+    /// owners' rings (one wake-up per ring per batch).
+    fn forward_loop(&self) {
+        let Some(fd) = self.forwarder().and_then(|f| f.readiness_fd()) else {
+            return;
+        };
+        loop {
+            wait_readable(fd, Duration::from_millis(100));
+            let r = self.forwarder().map(|mut f| f.poll());
+            if let Some(Err(e)) = r {
+                warn!(error = %e, "forwarding: receive failed");
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
     }
 
@@ -51,6 +96,12 @@ impl Server {
 
     /// Accepts connections until the process ends (the signal thread exits it).
     pub(crate) fn run(self: &Arc<Self>, listener: &UnixListener) {
+        if self.forward.is_some() {
+            let fwd = self.clone();
+            let _ = std::thread::Builder::new()
+                .name("forward".into())
+                .spawn(move || fwd.forward_loop());
+        }
         let ticker = self.clone();
         let _ = std::thread::Builder::new()
             .name("quarantine".into())
@@ -134,9 +185,10 @@ impl Server {
                     break;
                 }
             };
-            let (reply, pass_demux) = self.handle(id, cred, &comm, req);
-            let fds: Vec<_> = match (&self.demux, pass_demux) {
-                (Some(g), true) => vec![g.map_fd(), g.prog_fd()],
+            let (reply, extra) = self.handle(id, cred, &comm, req);
+            let fds: Vec<_> = match (&self.demux, &extra) {
+                (Some(g), Extra::Demux) => vec![g.map_fd(), g.prog_fd()],
+                (_, Extra::Ring(r)) => vec![r.memory.as_fd(), r.event.as_fd()],
                 _ => Vec::new(),
             };
             if let Err(e) = write_frame(&mut stream, &reply, &fds) {
@@ -153,6 +205,9 @@ impl Server {
                 .demux
                 .as_ref()
                 .is_some_and(|g| g.vacate(r.slot).unwrap_or(false));
+            if let Some(mut f) = self.forwarder() {
+                f.remove(r.slot);
+            }
             if evicted {
                 warn!(
                     pid = r.pid,
@@ -230,7 +285,7 @@ impl Server {
     }
 
     /// Answers one request; the flag says whether the demultiplexer's fd goes with it.
-    fn handle(&self, id: ClientId, cred: PeerCred, comm: &str, req: Request) -> (Reply, bool) {
+    fn handle(&self, id: ClientId, cred: PeerCred, comm: &str, req: Request) -> (Reply, Extra) {
         let now = Instant::now();
         let mut reg = self.registry();
         let result = match req {
@@ -240,13 +295,37 @@ impl Server {
             Request::AllocRange { device } => match self.alloc(&mut reg, id, now) {
                 Ok(mut lease) => {
                     lease.demux_fds = self.demux.is_some();
+                    let mut extra = if lease.demux_fds {
+                        Extra::Demux
+                    } else {
+                        Extra::None
+                    };
+                    if let Some(mut f) = self.forwarder() {
+                        match RingProducer::create(RING_SLOTS) {
+                            Ok((producer, fds)) => {
+                                f.add(lease.slot, producer);
+                                lease.ring_fds = true;
+                                extra = Extra::Ring(fds);
+                            }
+                            Err(e) => {
+                                drop(f);
+                                reg.disconnect(id, now);
+                                return (
+                                    Reply::Error(ControlError::BadRequest {
+                                        reason: format!("cannot create the forwarding ring: {e}"),
+                                    }),
+                                    Extra::None,
+                                );
+                            }
+                        }
+                    }
                     info!(
                         pid = cred.pid, uid = cred.uid, comm = %comm, device = %device,
                         slot = lease.slot,
                         qpns = %format!("{:#x}..={:#x}", lease.qpn_base, lease.qpn_base + (lease.qpn_count - 1)),
                         "QPN range allocated"
                     );
-                    return (Reply::Lease(lease), true);
+                    return (Reply::Lease(lease), extra);
                 }
                 Err(e) => Err(e),
             },
@@ -263,7 +342,16 @@ impl Server {
                 clients: reg.views(now),
             }),
             Request::Stat => Ok(Reply::Stats {
-                daemon: reg.stats(now),
+                daemon: {
+                    let mut st = reg.stats(now);
+                    if let Some(f) = self.forwarder() {
+                        let fs = f.stats();
+                        st.forwarded = fs.forwarded;
+                        st.rx_drop_no_owner = fs.no_owner;
+                        st.ring_full_drops = fs.ring_full;
+                    }
+                    st
+                },
                 clients: reg.views(now),
             }),
             _ => Err(ControlError::NotImplemented {
@@ -272,7 +360,7 @@ impl Server {
         };
         drop(reg);
         match result {
-            Ok(r) => (r, false),
+            Ok(r) => (r, Extra::None),
             Err(e) => {
                 if matches!(
                     e,
@@ -280,7 +368,7 @@ impl Server {
                 ) {
                     info!(pid = cred.pid, uid = cred.uid, comm = %comm, "refused: {e}");
                 }
-                (Reply::Error(e), false)
+                (Reply::Error(e), Extra::None)
             }
         }
     }

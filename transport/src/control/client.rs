@@ -37,6 +37,8 @@ use super::proto::{
 use super::sys::{read_frame, write_frame};
 use crate::counters::Counters;
 use crate::datapath::demux::{Demux, DemuxGroup, SlotLayout};
+use crate::datapath::fwdring::{RingDatapath, RingFds};
+use crate::datapath::udp::UdpOptions;
 use crate::device::{Backend, Device, DeviceShared};
 use crate::error::{OpenError, VerbsError};
 use crate::sys::lock;
@@ -365,19 +367,19 @@ pub(crate) fn attach(
     socket: &Option<PathBuf>,
     exclusive: bool,
     device: &str,
-) -> Result<(Option<Arc<DaemonClient>>, Option<Demux>), OpenError> {
+) -> Result<(Option<Arc<DaemonClient>>, Leased), OpenError> {
     if exclusive || exclusive_forced() {
-        return Ok((None, None));
+        return Ok((None, Leased::Alone));
     }
     let Backend::Udp { local, port } = backend else {
-        return Ok((None, None));
+        return Ok((None, Leased::Alone));
     };
     if *port != roce_wire::frame::ROCEV2_PORT {
-        return Ok((None, None));
+        return Ok((None, Leased::Alone));
     }
     let path = socket.clone().unwrap_or_else(socket_path);
     if !path.exists() {
-        return Ok((None, None));
+        return Ok((None, Leased::Alone));
     }
     let fail = |detail: String| OpenError::Daemon {
         path: path.clone(),
@@ -387,7 +389,7 @@ pub(crate) fn attach(
         Connection::connect(&path, Hello::new(Role::Device)).map_err(|e| fail(e.to_string()))?;
     if conn.welcome().address != *local {
         // The daemon serves another address: this one is the device's alone.
-        return Ok((None, None));
+        return Ok((None, Leased::Alone));
     }
     let (reply, fds) = conn
         .call_with_fds(&Request::AllocRange {
@@ -397,7 +399,7 @@ pub(crate) fn attach(
     let Reply::Lease(lease) = reply else {
         return Err(fail(conn.unexpected(&reply).to_string()));
     };
-    let demux = datapath_for(&lease, fds).map_err(|e| {
+    let leased = datapath_for(&lease, *local, fds).map_err(|e| {
         fail(format!(
             "rocectl daemon at {}: QPN range slot {}: {e}",
             path.display(),
@@ -411,10 +413,24 @@ pub(crate) fn attach(
         pds: AtomicU32::new(0),
         stop: Arc::new((Mutex::new(false), Condvar::new())),
     };
-    Ok((Some(Arc::new(client)), demux))
+    Ok((Some(Arc::new(client)), leased))
 }
 
-/// The data-path hookup: the kernel-demux membership a device with `lease` joins.
+/// How a device's data path follows from its lease.
+#[derive(Debug)]
+pub(crate) enum Leased {
+    /// No daemon data path: the device binds its address alone.
+    Alone,
+    /// Kernel demux: join the group at the lease's slot.
+    Demux(Demux),
+    /// Forwarding: receive from the daemon's ring, send from an own socket.
+    Ring(Box<RingDatapath>),
+}
+
+/// The data-path hookup: what a device with `lease` receives from.
+///
+/// In forwarding mode the daemon passes the client's ring (memory and eventfd): the device
+/// receives from it and sends from its own socket on the address.
 ///
 /// In kernel-demux mode the daemon passes the group's map and program (`SCM_RIGHTS`); the
 /// device's `udp` socket then binds IP:4791 with `SO_REUSEPORT`, attaches the program and
@@ -423,11 +439,20 @@ pub(crate) fn attach(
 ///
 /// # Errors
 /// The descriptors are missing or are not a demux group of the lease's layout.
-fn datapath_for(lease: &Lease, fds: Vec<OwnedFd>) -> Result<Option<Demux>, String> {
-    if !lease.demux_fds {
-        return Ok(None);
-    }
+fn datapath_for(lease: &Lease, local: IpAddr, fds: Vec<OwnedFd>) -> Result<Leased, String> {
     let mut fds = fds.into_iter();
+    if lease.ring_fds {
+        let (Some(memory), Some(event)) = (fds.next(), fds.next()) else {
+            return Err("the lease came without the forwarding ring's descriptors".into());
+        };
+        let addr = std::net::SocketAddr::new(local, roce_wire::frame::ROCEV2_PORT);
+        let dp = RingDatapath::open(RingFds { memory, event }, addr, UdpOptions::default())
+            .map_err(|e| format!("forwarding ring: {e}"))?;
+        return Ok(Leased::Ring(Box::new(dp)));
+    }
+    if !lease.demux_fds {
+        return Ok(Leased::Alone);
+    }
     let (Some(map), Some(prog)) = (fds.next(), fds.next()) else {
         return Err("the lease came without the demultiplexer's descriptors".into());
     };
@@ -435,7 +460,7 @@ fn datapath_for(lease: &Lease, fds: Vec<OwnedFd>) -> Result<Option<Demux>, Strin
     let layout = SlotLayout::new(shift).map_err(|e| e.to_string())?;
     let group = DemuxGroup::from_fds(map, prog, layout).map_err(|e| e.to_string())?;
     Demux::new(group, lease.slot)
-        .map(Some)
+        .map(Leased::Demux)
         .map_err(|e| e.to_string())
 }
 

@@ -17,7 +17,7 @@ mod client;
 pub mod proto;
 pub mod sys;
 
-pub(crate) use client::{attach, DaemonClient, Reservation};
+pub(crate) use client::{attach, DaemonClient, Leased, Reservation};
 pub use client::{
     exclusive_forced, socket_path, ClientError, Connection, DEFAULT_SOCKET, EXCLUSIVE_ENV,
     SOCKET_ENV,

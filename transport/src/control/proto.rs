@@ -35,7 +35,9 @@ pub enum Mode {
     /// destination QPN (SO_REUSEPORT + an SK_REUSEPORT BPF program). One trust domain (one
     /// uid): a member socket can detach or replace the program.
     KernelDemux,
-    /// The daemon receives every datagram and hands it to its owner (not implemented yet).
+    /// The daemon receives every datagram on IP:4791 and copies it into its owner's
+    /// shared-memory ring; clients send from their own sockets. Several users: a client holds
+    /// no socket on 4791, so it cannot take another's datagrams.
     Forwarding,
 }
 
@@ -211,6 +213,10 @@ pub struct Lease {
     /// reply (`SCM_RIGHTS`, in that order).
     #[serde(default)]
     pub demux_fds: bool,
+    /// Whether the forwarding ring's memory and eventfd descriptors ride along with this
+    /// reply (`SCM_RIGHTS`, in that order; forwarding mode).
+    #[serde(default)]
+    pub ring_fds: bool,
 }
 
 impl Lease {
@@ -255,6 +261,15 @@ pub struct DaemonStats {
     pub clients_reaped: u64,
     /// Requests refused for a limit since the daemon started.
     pub limit_refusals: u64,
+    /// Forwarding mode: datagrams copied into a client's ring.
+    #[serde(default)]
+    pub forwarded: u64,
+    /// Forwarding mode: datagrams for a QPN no client owns (dropped).
+    #[serde(default)]
+    pub rx_drop_no_owner: u64,
+    /// Forwarding mode: datagrams dropped because their owner's ring was full.
+    #[serde(default)]
+    pub ring_full_drops: u64,
 }
 
 /// A request from a client.

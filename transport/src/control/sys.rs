@@ -108,6 +108,19 @@ pub fn pidfd_exited(pidfd: BorrowedFd<'_>, wait: std::time::Duration) -> bool {
     n == 1 && pfd.revents & libc::POLLIN != 0
 }
 
+/// Waits up to `wait` for `fd` to be readable; whether it is.
+pub fn wait_readable(fd: RawFd, wait: std::time::Duration) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    #[allow(unsafe_code)]
+    // SAFETY: one valid pollfd, count 1; an invalid fd only sets POLLNVAL.
+    let n = unsafe { libc::poll(&mut pfd, 1, wait.as_millis().min(60_000) as libc::c_int) };
+    n == 1 && pfd.revents & libc::POLLIN != 0
+}
+
 /// Writes `msg` as one frame, with `fds` attached to its first byte.
 ///
 /// # Errors

@@ -129,8 +129,12 @@ impl Device {
             config.exclusive || config.demux.is_some(),
             &config.name,
         )?;
-        let demux = config.demux.or(leased);
-        let dp = open_backend(config.backend, demux.as_ref())?;
+        let (backend, demux) = match leased {
+            crate::control::Leased::Alone => (config.backend, config.demux),
+            crate::control::Leased::Demux(d) => (config.backend, Some(d)),
+            crate::control::Leased::Ring(dp) => (Backend::Custom(dp), None),
+        };
+        let dp = open_backend(backend, demux.as_ref())?;
         let caps = dp.caps();
         let local = dp.local_addr();
         let max_mtu = Mtu::for_netdev_mtu(caps.ip_mtu.min(4096 + 80)).ok_or(

@@ -60,6 +60,10 @@ impl CompletionQueue {
         }
         n
     }
+    /// The oldest completion, left in place.
+    pub fn front(&self) -> Option<&Completion> {
+        self.entries.front()
+    }
     /// Completions waiting.
     pub fn len(&self) -> usize {
         self.entries.len()

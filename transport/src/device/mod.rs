@@ -376,14 +376,42 @@ impl Device {
     }
 
     /// Progress if nobody else is making it right now (CQ polls that found nothing).
-    pub(crate) fn try_progress(&self) {
+    pub(crate) fn try_progress(&self, completed: impl FnOnce() -> bool) {
         let s = self.shared();
-        let defer = s.progress == Progress::Manual;
         if s.progress == Progress::Thread {
-            s.app_polled.store(thread::since_epoch_ns(), Ordering::Relaxed);
+            s.app_polled
+                .store(thread::since_epoch_ns(), Ordering::Relaxed);
         }
-        if let Ok(mut e) = s.engine.try_lock() {
-            e.progress(defer);
+        let Ok(mut e) = s.engine.try_lock() else {
+            return;
+        };
+        // A poller's pass defers what it would send (the ACK of a message just received)
+        // when the poll is about to return a completion: the application's next post (a
+        // ping-pong's reply) carries it in the same batch, one send instead of two, as manual
+        // progress does. Otherwise (nothing for this poller: say the ACKs that opened a
+        // window) it is sent at once. With manual progress every pass defers (the next pass
+        // or post sends).
+        e.progress(true);
+        if s.progress != Progress::Thread || !e.tx_waiting() {
+            // Manual progress defers until the next pass, whatever the poll finds.
+            return;
+        }
+        if !completed() {
+            e.kick();
+            return;
+        }
+        {
+            // Should the application stop polling now, the engine thread's next pass sends
+            // it: make sure that pass comes within one poll window.
+            let back = e
+                .now()
+                .as_nanos()
+                .saturating_add(thread::APP_POLL_WINDOW.as_nanos() as u64);
+            drop(e);
+            let planned = s.sleep_until.load(Ordering::Acquire);
+            if planned > back {
+                s.wake();
+            }
         }
     }
 

@@ -138,11 +138,22 @@ pub(super) const WAKER: mio::Token = mio::Token(1);
 pub(super) fn run_thread(s: &DeviceShared, mut poll: mio::Poll, has_fd: bool) {
     let mut events = mio::Events::with_capacity(16);
     while !s.stop.load(Ordering::SeqCst) {
+        // Whether the application receives for itself: then stay off the descriptor (module
+        // docs) and plan to be back within one window, so that a doorbell does not wake this
+        // thread for a timer the poller's own passes (or our next one) will see.
+        let stepping = has_fd && app_polling(s);
         let (r, deadline) = {
             let mut e = lock(&s.engine);
             let r = e.progress(false);
             let d = e.next_deadline();
-            let planned = d.map_or(u64::MAX, |d| d.as_nanos());
+            let mut planned = d.map_or(u64::MAX, |d| d.as_nanos());
+            if stepping {
+                let back = e
+                    .now()
+                    .as_nanos()
+                    .saturating_add(APP_POLL_WINDOW.as_nanos() as u64);
+                planned = planned.min(back);
+            }
             s.sleep_until.store(planned.max(1), Ordering::Release);
             (r, d.map(|d| clock::until(e.now(), d)))
         };
@@ -153,8 +164,7 @@ pub(super) fn run_thread(s: &DeviceShared, mut poll: mio::Poll, has_fd: bool) {
         if r.tx_blocked || !has_fd {
             timeout = timeout.min(Duration::from_micros(200));
         }
-        if has_fd && app_polling(s) {
-            // The application receives for itself: stay off the descriptor (module docs).
+        if stepping {
             std::thread::sleep(timeout.min(APP_POLL_WINDOW));
             s.sleep_until.store(0, Ordering::Release);
             continue;

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use roce_qp::verbs::Completion;
+use roce_qp::verbs::{Completion, WcOpcode};
 
 use crate::cq::{CqShared, NOTIFY_ALL, NOTIFY_NONE, NOTIFY_SOLICITED};
 use crate::device::Device;
@@ -52,12 +52,14 @@ impl CompletionQueue {
         if n > 0 || out.is_empty() {
             return n;
         }
-        self.dev.try_progress();
-        let n = lock(&self.shared.queue).poll_many(out);
-        if n == 0 {
-            std::thread::yield_now();
-        }
-        n
+        // Lock order engine -> CQ: the closure runs under the engine lock. A message just
+        // received is what a ping-pong answers: the pass's ACK waits for that answer.
+        self.dev.try_progress(|| {
+            lock(&self.shared.queue)
+                .front()
+                .is_some_and(|c| matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm))
+        });
+        lock(&self.shared.queue).poll_many(out)
     }
 
     /// Polls one completion.

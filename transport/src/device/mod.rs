@@ -60,6 +60,8 @@ pub(crate) struct DeviceShared {
     /// (ns since [`thread::epoch`]; 0: never). While that is recent the engine thread steps
     /// back (see `run_thread`).
     pub(crate) app_polled: AtomicU64,
+    /// The engine thread, to unpark it from its step-back (see `run_thread`).
+    pub(crate) engine_thread: std::sync::OnceLock<std::thread::Thread>,
     /// The link to the rocectl daemon, when it serves this device's address.
     pub(crate) daemon: Option<Arc<crate::control::DaemonClient>>,
 }
@@ -216,6 +218,7 @@ impl Device {
             ip_mtu: caps.ip_mtu,
             sleep_until: AtomicU64::new(0),
             app_polled: AtomicU64::new(0),
+            engine_thread: std::sync::OnceLock::new(),
             daemon,
         });
         if let Some(d) = &shared.daemon {

@@ -22,7 +22,10 @@
 //! the engine thread does not wait on the descriptor: it sleeps until its next deadline, at
 //! most one window, and then runs a pass (timers, and whatever the poller left). When the
 //! polls stop it waits on the descriptor again, so one-sided operations into an idle
-//! application still complete.
+//! application still complete. An application that is about to block (a blocking CQ wait,
+//! or arming a CQ for its completion channel) says so (`Device::app_blocks`): the engine
+//! thread is unparked at once and goes back to the descriptor, so an event-driven
+//! application never waits out the window.
 //!
 //! # Lock order
 //!
@@ -102,6 +105,23 @@ impl Device {
     }
 }
 
+impl Device {
+    /// An application thread is about to block (a blocking CQ wait, or arming a CQ for its
+    /// completion channel): it no longer receives for itself, so the engine thread must stop
+    /// stepping back and wait on the datapath again, now.
+    pub(crate) fn app_blocks(&self) {
+        let s = self.shared();
+        if s.progress != Progress::Thread {
+            return;
+        }
+        if s.app_polled.swap(0, Ordering::Relaxed) != 0 {
+            if let Some(t) = s.engine_thread.get() {
+                t.unpark();
+            }
+        }
+    }
+}
+
 impl DeviceShared {
     pub(super) fn wake(&self) {
         if let Some(w) = &self.waker {
@@ -136,6 +156,7 @@ pub(super) const DATAPATH: mio::Token = mio::Token(0);
 pub(super) const WAKER: mio::Token = mio::Token(1);
 
 pub(super) fn run_thread(s: &DeviceShared, mut poll: mio::Poll, has_fd: bool) {
+    let _ = s.engine_thread.set(std::thread::current());
     let mut events = mio::Events::with_capacity(16);
     while !s.stop.load(Ordering::SeqCst) {
         // Whether the application receives for itself: then stay off the descriptor (module
@@ -165,7 +186,8 @@ pub(super) fn run_thread(s: &DeviceShared, mut poll: mio::Poll, has_fd: bool) {
             timeout = timeout.min(Duration::from_micros(200));
         }
         if stepping {
-            std::thread::sleep(timeout.min(APP_POLL_WINDOW));
+            // Parked, not asleep: an application about to block unparks us (`app_blocks`).
+            std::thread::park_timeout(timeout.min(APP_POLL_WINDOW));
             s.sleep_until.store(0, Ordering::Release);
             continue;
         }

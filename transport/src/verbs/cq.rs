@@ -86,6 +86,7 @@ impl CompletionQueue {
                     self.dev.progress_wait(deadline - now);
                 }
                 crate::Progress::Thread => {
+                    self.dev.app_blocks();
                     let q = lock(&self.shared.queue);
                     if q.is_empty() {
                         // Registered under the queue lock, which `push` takes before
@@ -111,6 +112,8 @@ impl CompletionQueue {
             NOTIFY_ALL
         };
         self.shared.armed.store(mode, Ordering::Release);
+        // Arming is how an application says it is about to sleep on the channel.
+        self.dev.app_blocks();
         // A completion that arrived before arming does not fire; like verbs, callers poll
         // after arming to catch it.
     }
@@ -168,6 +171,7 @@ impl CompletionQueue {
                         .progress_wait((deadline - now).min(Duration::from_millis(10)));
                 }
                 crate::Progress::Thread => {
+                    self.dev.app_blocks();
                     self.shared.event.wait(deadline - now);
                 }
             }

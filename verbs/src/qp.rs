@@ -927,29 +927,47 @@ pub(crate) unsafe extern "C" fn post_recv(
         let Some(rec) = (unsafe { QpRec::from_ibv(qp) }) else {
             return libc::EINVAL;
         };
-        let mut cur = wr;
-        while !cur.is_null() {
-            // SAFETY: the application's chain.
-            let w = unsafe { &*cur };
-            // SAFETY: as above.
-            let r = unsafe { recv_wr(w, rec.cap.max_recv_sge.max(1)) }.and_then(|r| {
+        // SAFETY: the application's chain and out-pointer.
+        unsafe {
+            post_recv_chain(wr, bad, rec.cap.max_recv_sge.max(1), |r| {
                 rec.qp.post_recv(r).map_err(|e| {
                     trace(format_args!("ibv_post_recv: {e}"));
                     errno_of_post(&e)
                 })
-            });
-            if let Err(e) = r {
-                if !bad.is_null() {
-                    // SAFETY: `bad` is the application's out-pointer.
-                    unsafe { *bad = cur };
-                }
-                set_errno(e);
-                return e;
-            }
-            cur = w.next;
+            })
         }
-        0
     })
+}
+
+/// Walks an `ibv_recv_wr` chain, posting each WR with `post`; on the first refusal sets
+/// `*bad` (when not NULL) and errno and returns the errno value (the WRs before it stay
+/// posted), else 0. Shared by `post_recv` and `post_srq_recv`.
+///
+/// # Safety
+/// `wr` is NULL or a valid chain whose SGE lists have `num_sge` entries; `bad` is NULL or
+/// writable.
+pub(crate) unsafe fn post_recv_chain(
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+    max_sge: u32,
+    mut post: impl FnMut(RecvWr) -> Result<(), i32>,
+) -> c_int {
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: the application's chain, per the contract.
+        let w = unsafe { &*cur };
+        // SAFETY: as above.
+        if let Err(e) = unsafe { recv_wr(w, max_sge) }.and_then(&mut post) {
+            if !bad.is_null() {
+                // SAFETY: `bad` is the application's out-pointer.
+                unsafe { *bad = cur };
+            }
+            set_errno(e);
+            return e;
+        }
+        cur = w.next;
+    }
+    0
 }
 
 /// `ibv_query_qp_data_in_order(3)`: 0, "not guaranteed". The responder writes a message's

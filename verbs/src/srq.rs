@@ -15,9 +15,9 @@ use std::sync::PoisonError;
 use roce_transport::SharedReceiveQueue;
 
 use crate::context::ContextRec;
-use crate::ffi::{errno_of_post, guard, guard_int, guard_ptr, set_errno, trace};
+use crate::ffi::{errno_of_post, guard, guard_int, guard_ptr, trace};
 use crate::pd::PdRec;
-use crate::qp::recv_wr;
+use crate::qp::post_recv_chain;
 use crate::sys::{
     ibv_context, ibv_pd, ibv_recv_wr, ibv_srq, ibv_srq_attr, ibv_srq_init_attr,
     ibv_srq_init_attr_ex,
@@ -279,24 +279,12 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
         let Some(rec) = (unsafe { SrqRec::from_ibv(srq) }) else {
             return libc::EINVAL;
         };
-        let mut cur = wr;
-        while !cur.is_null() {
-            // SAFETY: the application's chain.
-            let w = unsafe { &*cur };
-            // SAFETY: as above.
-            let r = unsafe { recv_wr(w, rec.max_sge) }
-                .and_then(|r| rec.srq.post_recv(r).map_err(|e| errno_of_post(&e)));
-            if let Err(e) = r {
-                if !bad.is_null() {
-                    // SAFETY: `bad` is the application's out-pointer.
-                    unsafe { *bad = cur };
-                }
-                set_errno(e);
-                return e;
-            }
-            cur = w.next;
+        // SAFETY: the application's chain and out-pointer.
+        unsafe {
+            post_recv_chain(wr, bad, rec.max_sge, |r| {
+                rec.srq.post_recv(r).map_err(|e| errno_of_post(&e))
+            })
         }
-        0
     })
 }
 

@@ -162,8 +162,8 @@ mod tests {
 
     #[test]
     fn sums_mins_and_averages_unaligned_bytes() {
-        let mut acc = vec![0u8; 13];
-        let mut src = vec![0u8; 13];
+        let mut acc = [0u8; 13];
+        let mut src = [0u8; 13];
         acc[1..].copy_from_slice(bytemuck::cast_slice(&[1i32, -5, 7]));
         src[1..].copy_from_slice(bytemuck::cast_slice(&[2i32, 3, 9]));
         reduce_into(DataType::I32, ReduceOp::Sum, &mut acc[1..], &src[1..]).unwrap();

@@ -19,6 +19,7 @@ use roce_testkit::proc::Proc;
 use roce_transport::control::sys::{read_frame, write_frame};
 use roce_transport::control::{
     ClientError, Connection, ControlError, Hello, Reply, Request, Resource, Role, Scope,
+    PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
 use roce_transport::{Device, DeviceConfig, OpenError, QpInit, QpType, VerbsError};
 use serde_json::Value;
@@ -264,8 +265,9 @@ fn a_hello_of_another_major_version_is_refused() {
         }
     ));
     assert!(
-        e.to_string()
-            .contains("client speaks 99.x, daemon speaks 1.0"),
+        e.to_string().contains(&format!(
+            "client speaks 99.x, daemon speaks {PROTOCOL_MAJOR}.{PROTOCOL_MINOR}"
+        )),
         "{e}"
     );
     // The daemon closed the connection after refusing.
@@ -938,6 +940,13 @@ fn a_restarted_daemon_keeps_established_clients_running() {
         "the long pair ended before the restart"
     );
     assert!(d.log().contains("taken back from its pin"), "{}", d.log());
+    // The long pair resumes its ranges with the new daemon (its sockets prove its slots):
+    // listed again, with its QPs.
+    wait_for(Duration::from_secs(10), "the long pair resumed", || {
+        let listed =
+            !d.clients_with_pid(srv.pid()).is_empty() && !d.clients_with_pid(cli.pid()).is_empty();
+        (listed && d.log().matches("QPN range resumed").count() >= 2).then_some(())
+    });
     // A new pair after the restart.
     let short = [
         "rc-pingpong",
@@ -949,6 +958,7 @@ fn a_restarted_daemon_keeps_established_clients_running() {
         "300",
         "--chk",
     ];
+    let (long_srv, long_cli) = (srv.pid(), cli.pid());
     let s2 = tool(&ns, &d, &short, "new server");
     wait_for(Duration::from_secs(10), "the new server", || {
         (!d.clients_with_pid(s2.pid()).is_empty()).then_some(())
@@ -961,13 +971,21 @@ fn a_restarted_daemon_keeps_established_clients_running() {
         let out = p.wait(Duration::from_secs(120));
         assert!(out.success(), "{what}: {}", out.combined());
     }
+    // Resumed, the old pair is reaped like any client when it exits: its slots quarantined.
     wait_for(
         Duration::from_secs(5),
-        "the old pair's slots quarantined",
+        "the old pair reaped and its slots quarantined",
         || {
-            d.log()
-                .contains("the member of an earlier daemon run left its QPN range")
-                .then_some(())
+            let reaped = d
+                .log()
+                .lines()
+                .filter(|l| {
+                    l.contains("client reaped")
+                        && (l.contains(&format!("pid={long_srv}"))
+                            || l.contains(&format!("pid={long_cli}")))
+                })
+                .count();
+            (reaped == 2).then_some(())
         },
     );
 }

@@ -518,6 +518,9 @@ impl Communicator {
     #[doc(hidden)]
     pub fn simulate_crash(mut self) {
         self.shared.monitor.crash();
+        if self.shared.rank == 0 {
+            self.service.crash();
+        }
         *lock(&self.shared.net) = None;
         self.jobs = None;
         if let Some(w) = self.worker.take() {
@@ -1103,7 +1106,13 @@ impl Shared {
         for ph in plan.phases {
             match ph {
                 Phase::X(name, x) => {
-                    let ph = || format!("{what}: {name}");
+                    let ph = || {
+                        if name.starts_with(what) {
+                            name.clone()
+                        } else {
+                            format!("{what}: {name}")
+                        }
+                    };
                     net.run(&x, &mut bufs, red, deadline, timeout, &ph)?;
                 }
                 Phase::Local(f) => f(&mut bufs)?,
@@ -1138,7 +1147,7 @@ impl Shared {
         }
         let algo = self.allreduce_algo(buf.len());
         let plan = algo::allreduce(algo, dt, op, self.rank, self.size, buf.len() / dt.size());
-        self.run(&format!("allreduce/{algo:?}"), plan, buf, Some((dt, op)), t)
+        self.run("allreduce", plan, buf, Some((dt, op)), t)
     }
 
     fn reduce_scatter_in_place(

@@ -110,6 +110,19 @@ impl Service {
     }
 }
 
+impl Service {
+    /// Stops as a killed process would: the members' connections close without the
+    /// closing notice (tests of failure detection).
+    pub(crate) fn crash(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+        for (_, g) in lock(&self.shared.monitors).drain() {
+            for (_, s) in g.members {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+    }
+}
+
 impl Drop for Service {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
@@ -119,8 +132,16 @@ impl Drop for Service {
                 let _ = s.shutdown(Shutdown::Both);
             }
         }
-        for (_, (_, g)) in lock(&self.shared.exchanges).drain() {
-            for (_, (_, s)) in g {
+        for (_, (size, g)) in lock(&self.shared.exchanges).drain() {
+            // Tell the ranks still waiting who never came, then close.
+            let missing: Vec<u32> = (0..size).filter(|r| !g.contains_key(r)).collect();
+            let mut e = Enc::default();
+            e.u8(2).u32(missing.len() as u32);
+            for r in missing {
+                e.u32(r);
+            }
+            for (_, (_, mut s)) in g {
+                let _ = write_frame(&mut s, &e.0);
                 let _ = s.shutdown(Shutdown::Both);
             }
         }
@@ -274,6 +295,7 @@ pub(crate) fn exchange(
     deadline: Instant,
 ) -> Result<Vec<Vec<u8>>, CollError> {
     let fail = |what: String| CollError::Bootstrap(format!("rank {rank}: {what}"));
+    let start = Instant::now();
     let mut c = connect_until(addr, deadline)
         .map_err(|e| fail(format!("cannot reach the store at {addr}: {e}")))?;
     let mut e = Enc::default();
@@ -284,7 +306,9 @@ pub(crate) fn exchange(
         .bytes(blob);
     write_frame(&mut c, &e.0).map_err(|e| fail(format!("store {addr}: {e}")))?;
     let left = deadline.saturating_duration_since(Instant::now());
-    let _ = c.set_read_timeout(Some(left.max(Duration::from_millis(1))));
+    // A little past our deadline: the store's own rank gives up at about the same time and
+    // then tells us who never came.
+    let _ = c.set_read_timeout(Some(left + Duration::from_millis(250)));
     let reply = match read_frame(&mut c) {
         Ok(r) => r,
         Err(e)
@@ -309,6 +333,22 @@ pub(crate) fn exchange(
     let bad = || fail(format!("store {addr}: malformed reply"));
     match d.u8().map_err(|_| bad())? {
         1 => {}
+        2 => {
+            let n = d.u32().map_err(|_| bad())?;
+            let missing = (0..n)
+                .map(|_| d.u32().map(|r| r as usize))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| bad())?;
+            return Err(CollError::Timeout {
+                rank,
+                peer: missing.first().copied(),
+                phase: format!(
+                    "bootstrap exchange through the store at {addr} (the store gave up); \
+                     missing ranks: {missing:?}"
+                ),
+                after: start.elapsed(),
+            });
+        }
         _ => {
             let why = d.bytes().map_err(|_| bad())?;
             return Err(fail(String::from_utf8_lossy(why).into_owned()));
@@ -335,6 +375,9 @@ fn query_missing(addr: SocketAddr, tag: u64, size: usize) -> Option<Vec<usize>> 
     let mut present = Vec::new();
     for _ in 0..n {
         present.push(d.u32().ok()? as usize);
+    }
+    if present.is_empty() {
+        return None;
     }
     Some((0..size).filter(|r| !present.contains(r)).collect())
 }

@@ -677,6 +677,16 @@ impl Net {
                         .iter()
                         .position(|q| !q.is_empty())
                         .or_else(|| sq.iter().position(|q| !q.is_empty()));
+                    // The streams are out of step now (chunks of this operation may still
+                    // arrive): later operations must not consume them as their own.
+                    self.status.set_failed(
+                        peer.unwrap_or(rank),
+                        format!(
+                            "an earlier operation timed out in {} waiting for it; the \
+                             communicator is out of step (shrink or create a new one)",
+                            phase()
+                        ),
+                    );
                     return Err(CollError::Timeout {
                         rank,
                         peer,

@@ -14,9 +14,20 @@
 //! The communicator, bootstrap (environment, TCP store, file store, callback), the data
 //! protocol and the algorithms are added next to these.
 
+mod algo;
+mod bootstrap;
+mod codec;
+mod comm;
 pub mod dtype;
 pub mod error;
+mod net;
+pub mod options;
 pub mod reduce;
+mod service;
+mod status;
 
+pub use bootstrap::{Bootstrap, ExchangeFn};
+pub use comm::{AbortHandle, CallScope, Communicator, Handle};
 pub use dtype::{DataType, Element, ReduceOp};
 pub use error::CollError;
+pub use options::{Algorithm, CommOptions, DeviceChoice, DeviceConfigFn};

@@ -80,16 +80,138 @@ pub(crate) trait Comm {
     }
 }
 
-/// Opens the communicator the environment describes (`Bootstrap::Env`), with the options of
-/// `args`; SIGUSR1 aborts it.
+/// Opens the communicator the environment describes (`Bootstrap::Env`: torchrun's, Open
+/// MPI's, PMI's or Slurm's variables), with the library's environment options
+/// (`ROCECTL_COLL_*`) overridden by the flags of `args`; SIGUSR1 aborts it.
 ///
 /// # Errors
-/// The communicator cannot be set up (one line, naming what is missing).
+/// The options are out of range or the communicator cannot be set up (one line).
 pub(crate) fn open(args: &super::perf::PerfArgs) -> anyhow::Result<Box<dyn Comm>> {
-    let _ = args;
-    anyhow::bail!(
-        "the roce-collectives communicator is not in this build yet (issue 15, branch v-coll)"
-    )
+    use roce_collectives::{Algorithm, Bootstrap, CommOptions, Communicator, DeviceChoice};
+    let mut o = CommOptions::from_env()?;
+    if args.timeout > 0 {
+        o.timeout = std::time::Duration::from_secs(args.timeout);
+    }
+    match args.algo.as_str() {
+        "ring" => o.algorithm = Algorithm::Ring,
+        "hd" => o.algorithm = Algorithm::HalvingDoubling,
+        _ => {}
+    }
+    if let Some(c) = args.chunk {
+        o.chunk_bytes = usize::try_from(c).unwrap_or(usize::MAX);
+    }
+    if let Some(s) = args.slots {
+        o.slots = s;
+    }
+    if let Some(q) = args.qps {
+        o.qps_per_peer = q;
+    }
+    o.deterministic |= args.deterministic;
+    o.busy_poll |= args.busy_poll;
+    if let Some(a) = args.addr {
+        o.device = DeviceChoice::Address(a);
+    }
+    let comm = Communicator::init(Bootstrap::Env, o)?;
+    let abort = comm.abort_handle();
+    // SIGUSR1: abort from another thread, as a user's watchdog would.
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGUSR1])?;
+    std::thread::Builder::new()
+        .name("coll-perf-abort".into())
+        .spawn(move || {
+            if signals.forever().next().is_some() {
+                abort.abort();
+            }
+        })?;
+    Ok(Box::new(comm))
+}
+
+impl Comm for roce_collectives::Communicator {
+    fn rank(&self) -> usize {
+        Self::rank(self)
+    }
+    fn size(&self) -> usize {
+        Self::size(self)
+    }
+    fn allreduce(
+        &self,
+        dt: DataType,
+        op: ReduceOp,
+        send: &[u8],
+        recv: &mut [u8],
+    ) -> Result<(), CollError> {
+        self.allreduce_raw(dt, op, send, recv)
+    }
+    fn allreduce_in_place(
+        &self,
+        dt: DataType,
+        op: ReduceOp,
+        buf: &mut [u8],
+    ) -> Result<(), CollError> {
+        self.allreduce_in_place_raw(dt, op, buf)
+    }
+    fn reduce_scatter(
+        &self,
+        dt: DataType,
+        op: ReduceOp,
+        send: &[u8],
+        recv: &mut [u8],
+    ) -> Result<(), CollError> {
+        self.reduce_scatter_raw(dt, op, send, recv)
+    }
+    fn reduce_scatter_in_place(
+        &self,
+        dt: DataType,
+        op: ReduceOp,
+        buf: &mut [u8],
+    ) -> Result<(), CollError> {
+        self.reduce_scatter_in_place_raw(dt, op, buf)
+    }
+    fn allgather(&self, send: &[u8], recv: &mut [u8]) -> Result<(), CollError> {
+        self.allgather_raw(send, recv)
+    }
+    fn allgather_in_place(&self, buf: &mut [u8]) -> Result<(), CollError> {
+        self.allgather_in_place_raw(buf)
+    }
+    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), CollError> {
+        self.broadcast_raw(buf, root)
+    }
+    fn reduce(
+        &self,
+        dt: DataType,
+        op: ReduceOp,
+        send: &[u8],
+        recv: &mut [u8],
+        root: usize,
+    ) -> Result<(), CollError> {
+        self.reduce_raw(dt, op, send, recv, root)
+    }
+    fn reduce_in_place(
+        &self,
+        dt: DataType,
+        op: ReduceOp,
+        buf: &mut [u8],
+        root: usize,
+    ) -> Result<(), CollError> {
+        // The library has no in-place reduce: the input is copied first (its cost is timed).
+        let send = buf.to_vec();
+        self.reduce_raw(dt, op, &send, buf, root)
+    }
+    fn send(&self, buf: &[u8], peer: usize) -> Result<(), CollError> {
+        self.send_raw(buf, peer)
+    }
+    fn recv(&self, buf: &mut [u8], peer: usize) -> Result<(), CollError> {
+        self.recv_raw(buf, peer)
+    }
+    fn barrier(&self) -> Result<(), CollError> {
+        Self::barrier(self)
+    }
+    fn device(&self) -> (String, String) {
+        let o = self.options();
+        (
+            self.local_addr().to_string(),
+            format!("rocectl {}", o.algorithm.name()),
+        )
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 //! - **lo**: one namespace `rcl-<pid>-lo`; rank i uses 127.0.0.(i+1) (a rocectl device binds
 //!   `IP:4791`, so every rank needs its own address). `MASTER_ADDR` is 127.0.0.1.
 //! - Every rank gets `MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
-//!   `LOCAL_WORLD_SIZE`, and `ROCECTL_COLL_ADDR` / `ROCECTL_COLL_IFNAME` (its address and
+//!   `LOCAL_WORLD_SIZE`, and `ROCECTL_COLL_ADDR` / `ROCECTL_COLL_IFACE` (its address and
 //!   interface); the launchers' other variables (`OMPI_COMM_WORLD_*`, `PMI_*`, `SLURM_*`) are
 //!   removed so that the ranks do not mistake an outer job for theirs.
 //! - Output: every line a rank writes goes to the same stream of ours, prefixed `[rank<i>] `.
@@ -498,7 +498,7 @@ fn spawn_rank(args: &LaunchArgs, topo: &Topology, i: usize) -> anyhow::Result<Ra
         .env("LOCAL_RANK", i.to_string())
         .env("LOCAL_WORLD_SIZE", args.np.to_string())
         .env("ROCECTL_COLL_ADDR", &addr)
-        .env("ROCECTL_COLL_IFNAME", ifname);
+        .env("ROCECTL_COLL_IFACE", ifname);
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting rank {i} ({})", args.command.join(" ")))?;

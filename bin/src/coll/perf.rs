@@ -267,7 +267,7 @@ pub(crate) struct PerfArgs {
     stream_null: i32,
     /// Timeout of every operation, seconds (0: the library's default)
     #[arg(short = 'T', long = "timeout", default_value_t = 0)]
-    timeout: u64,
+    pub(crate) timeout: u64,
     /// CUDA graph launches (GPU only: ignored)
     #[arg(short = 'G', long = "cudagraph", default_value_t = 0)]
     cudagraph: i32,

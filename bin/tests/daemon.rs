@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use roce_testkit::netns::{netns_or_skip, TempNetns};
+use roce_testkit::netns::{netns_or_skip, NetnsEnd, NetnsPair, TempNetns};
 use roce_testkit::proc::Proc;
 use roce_transport::control::sys::{read_frame, write_frame};
 use roce_transport::control::{
@@ -48,30 +48,68 @@ impl Drop for TmpDir {
     }
 }
 
+/// A network namespace programs can run in: a [`TempNetns`] or one end of a [`NetnsPair`].
+trait InNs {
+    /// The namespace's name.
+    fn ns_name(&self) -> &str;
+
+    /// `program` run inside the namespace (`ip netns exec`, which execs it: same pid).
+    fn cmd(&self, program: &str) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", self.ns_name(), program]);
+        cmd
+    }
+}
+
+impl InNs for TempNetns {
+    fn ns_name(&self) -> &str {
+        self.name()
+    }
+}
+
+impl InNs for roce_testkit::netns::Netns {
+    fn ns_name(&self) -> &str {
+        self.name()
+    }
+}
+
+impl InNs for NetnsEnd {
+    fn ns_name(&self) -> &str {
+        NetnsEnd::ns_name(self)
+    }
+}
+
 /// A running daemon: its socket, its log, the process (killed on drop).
 struct Daemon {
     proc: Option<Proc>,
     socket: PathBuf,
     dir: TmpDir,
+    /// The namespace it runs in (by name, for a restart).
+    ns: Option<String>,
 }
 
 impl Daemon {
     /// Starts `rocectl daemon` with `config` (TOML) appended to the socket's settings, in
     /// `ns` when given (else the host's namespace: only the Unix socket is used then).
     fn start(tag: &str, ns: Option<&TempNetns>, config: &str) -> Self {
+        Self::start_at(tag, ns.map(|n| n as &dyn InNs), "127.0.0.1", config)
+    }
+
+    /// As [`Self::start`], serving `address`, in any namespace.
+    fn start_at(tag: &str, ns: Option<&dyn InNs>, address: &str, config: &str) -> Self {
         let dir = TmpDir::new(tag);
         let socket = dir.0.join("rocectl.sock");
         let cfg = dir.0.join("rocectl.toml");
         std::fs::write(
             &cfg,
             format!(
-                "address = \"127.0.0.1\"\n{config}\n[socket]\npath = \"{}\"\nmode = 0o666\n",
+                "address = \"{address}\"\n{config}\n[socket]\npath = \"{}\"\nmode = 0o666\n",
                 socket.display()
             ),
         )
         .unwrap();
         let mut cmd = match ns {
-            Some(ns) => ns.command(ROCECTL),
+            Some(ns) => ns.cmd(ROCECTL),
             None => Command::new(ROCECTL),
         };
         cmd.args(["daemon", "--config"]).arg(&cfg);
@@ -81,20 +119,21 @@ impl Daemon {
             proc: Some(proc),
             socket,
             dir,
+            ns: ns.map(|n| n.ns_name().to_owned()),
         };
         d.wait_for_socket();
         d
     }
 
     /// Stops the daemon (SIGTERM, status 0) and starts it again on the same configuration,
-    /// in `ns` when given.
-    fn restart(&mut self, ns: Option<&TempNetns>) {
+    /// in the same namespace.
+    fn restart(&mut self) {
         signal(self.pid(), "-TERM");
         let out = self.proc.take().unwrap().wait(Duration::from_secs(5));
         assert!(out.success(), "{}", out.combined());
         let cfg = self.dir.0.join("rocectl.toml");
-        let mut cmd = match ns {
-            Some(ns) => ns.command(ROCECTL),
+        let mut cmd = match &self.ns {
+            Some(ns) => roce_testkit::netns::Netns::named(ns.clone()).cmd(ROCECTL),
             None => Command::new(ROCECTL),
         };
         cmd.args(["daemon", "--config"]).arg(&cfg);
@@ -687,18 +726,41 @@ fn man_pages_and_completions_come_from_the_cli_definition() {
 }
 
 /// A rocectl tool in `ns` using the daemon at `d`.
-fn tool(ns: &TempNetns, d: &Daemon, args: &[&str], what: &str) -> Proc {
-    let mut cmd = ns.command("env");
+fn tool(ns: &dyn InNs, d: &Daemon, args: &[&str], what: &str) -> Proc {
+    tool_as(ns, d, false, args, what)
+}
+
+/// A rocectl tool in `ns` using the daemon at `d`, as uid 65534 when `nobody`.
+fn tool_as(ns: &dyn InNs, d: &Daemon, nobody: bool, args: &[&str], what: &str) -> Proc {
+    let mut cmd = ns.cmd("env");
     cmd.arg(format!("ROCECTL_DAEMON_SOCKET={}", d.socket.display()));
+    if nobody {
+        cmd.args([
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ]);
+    }
     cmd.arg(ROCECTL).args(args);
     Proc::spawn(cmd, what, &d.dir.0).unwrap()
 }
 
-/// Many processes on one address, like on a NIC: three `rc-pingpong --chk` pairs and one
-/// `write-bw` pair (8 processes, each its own device on 127.0.0.1:4791) run at once through
-/// the daemon's kernel demultiplexer, every pingpong byte checked; a ninth and tenth process
-/// (another pingpong pair) are started too and the server is killed with SIGKILL mid-run,
-/// which must not disturb the others.
+/// The counter `name` of client `pid` in the daemon's `stat -j` (its last report).
+fn client_counter(d: &Daemon, pid: u32, name: &str) -> Option<u64> {
+    d.json(&["stat", "-j"])
+        .into_iter()
+        .find(|r| r["pid"] == pid)
+        .and_then(|r| r[name].as_u64())
+}
+
+/// Many processes on one address, like on a NIC, and `kill -9` mid-transfer: two
+/// `write-bw --chk` pairs and two `rc-pingpong --chk` pairs (8 processes, each its own device
+/// on 127.0.0.1:4791) run at once through the daemon's kernel demultiplexer, beside two victim
+/// pairs: the client of a `write-bw` stream is killed with SIGKILL once its server has taken
+/// megabytes, and the server of a pingpong too. The eight finish with every byte verified;
+/// each victim is reaped (the time printed), and its surviving peer fails with a clear error
+/// instead of hanging. No two clients listed at once share a QPN range.
 #[test]
 fn eight_processes_share_one_address_and_a_killed_one_disturbs_nobody() {
     if !netns_or_skip("eight_processes_share_one_address_and_a_killed_one_disturbs_nobody") {
@@ -706,153 +768,74 @@ fn eight_processes_share_one_address_and_a_killed_one_disturbs_nobody() {
     }
     let ns = TempNetns::create("dmn-many").unwrap();
     let d = Daemon::start("many", Some(&ns), "");
-    let limit = Duration::from_secs(120);
-    // The victim pair first, with far more iterations than the others need.
-    let victim = tool(
-        &ns,
-        &d,
+    let side = Side {
+        ns: &ns,
+        d: &d,
+        dev: "lo",
+    };
+    // The victims first, with far more iterations than the others need.
+    let victims = start_pairs(
+        &side,
+        &side,
+        "127.0.0.1",
         &[
-            "rc-pingpong",
-            "-d",
-            "lo",
-            "-p",
-            "18700",
-            "-n",
-            "100000000",
-            "--chk",
+            PairSpec::new("write-bw -n 10000000 -s 65536 --chk", 18_700),
+            PairSpec::new("rc-pingpong -n 100000000 --chk", 18_701),
         ],
-        "victim server",
     );
-    wait_for(Duration::from_secs(10), "the victim's QP", || {
-        (!d.clients_with_pid(victim.pid()).is_empty()).then_some(())
-    });
-    let victim_peer = tool(
-        &ns,
-        &d,
-        &[
-            "rc-pingpong",
-            "-d",
-            "lo",
-            "-p",
-            "18700",
-            "-n",
-            "100000000",
-            "--chk",
-            "127.0.0.1",
-        ],
-        "victim client",
-    );
-    let mut servers = Vec::new();
-    for i in 0..3u16 {
-        let port = (18_701 + i).to_string();
-        servers.push(tool(
-            &ns,
-            &d,
-            &[
-                "rc-pingpong",
-                "-d",
-                "lo",
-                "-p",
-                &port,
-                "-n",
-                "3000",
-                "--chk",
-            ],
-            "pingpong server",
-        ));
+    let mut specs: Vec<PairSpec> = (0..2)
+        .map(|i| PairSpec::new("write-bw -n 15000 -s 65536 --chk", 18_702 + i))
+        .collect();
+    specs.extend((0..2).map(|i| PairSpec::new("rc-pingpong -n 15000 --chk", 18_704 + i)));
+    let mut pairs = start_pairs(&side, &side, "127.0.0.1", &specs);
+    // No two clients listed at the same time share a QPN range.
+    for _ in 0..3 {
+        let rows = d.json(&["res", "show", "-j"]);
+        let mut slots: Vec<u64> = rows.iter().map(|r| r["slot"].as_u64().unwrap()).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        assert_eq!(
+            slots.len(),
+            rows.len(),
+            "two clients share a range: {rows:?}"
+        );
     }
-    servers.push(tool(
-        &ns,
-        &d,
-        &[
-            "write-bw", "-d", "lo", "-p", "18710", "-n", "2000", "-s", "65536",
-        ],
-        "write-bw server",
-    ));
-    // Clients after their servers listen (the servers register with the daemon first).
-    wait_for(Duration::from_secs(20), "four servers registered", || {
-        servers
-            .iter()
-            .all(|s| !d.clients_with_pid(s.pid()).is_empty())
-            .then_some(())
-    });
-    let mut clients = Vec::new();
-    for i in 0..3u16 {
-        let port = (18_701 + i).to_string();
-        clients.push(tool(
-            &ns,
-            &d,
-            &[
-                "rc-pingpong",
-                "-d",
-                "lo",
-                "-p",
-                &port,
-                "-n",
-                "3000",
-                "--chk",
-                "127.0.0.1",
-            ],
-            "pingpong client",
-        ));
-    }
-    clients.push(tool(
-        &ns,
-        &d,
-        &[
-            "write-bw",
-            "-d",
-            "lo",
-            "-p",
-            "18710",
-            "-n",
-            "2000",
-            "-s",
-            "65536",
-            "127.0.0.1",
-        ],
-        "write-bw client",
-    ));
-    // Every one of the ten is seen by the daemon, and no two clients listed at the same time
-    // share a QPN range.
-    let mut pids: Vec<u32> = servers.iter().chain(&clients).map(Proc::pid).collect();
-    pids.extend([victim.pid(), victim_peer.pid()]);
-    let mut seen = std::collections::HashSet::new();
+    // Mid-transfer: the write-bw victim's server has taken 16 MB, then its client dies.
+    let [wv, pv] = <[Pair; 2]>::try_from(victims).ok().unwrap();
     wait_for(
         Duration::from_secs(30),
-        "all ten clients in res show",
-        || {
-            let rows = d.json(&["res", "show", "-j"]);
-            let mut slots: Vec<u64> = rows.iter().map(|r| r["slot"].as_u64().unwrap()).collect();
-            slots.sort_unstable();
-            slots.dedup();
-            assert_eq!(
-                slots.len(),
-                rows.len(),
-                "two clients share a range: {rows:?}"
-            );
-            for r in &rows {
-                seen.insert(r["pid"].as_u64().unwrap() as u32);
-            }
-            pids.iter().all(|p| seen.contains(p)).then_some(())
-        },
+        "the victim stream under way",
+        || (client_counter(&d, wv.server.pid(), "rx_bytes")? > 16 << 20).then_some(()),
     );
-    // Mid-run: kill the victim's server.
-    let killed = Instant::now();
-    signal(victim.pid(), "-KILL");
-    wait_for(Duration::from_secs(10), "the victim reaped", || {
-        d.clients_with_pid(victim.pid()).is_empty().then_some(())
-    });
-    eprintln!(
-        "victim reaped {} ms after kill -9",
-        killed.elapsed().as_millis()
-    );
-    for p in servers.into_iter().chain(clients) {
-        let what = p.what().to_owned();
-        let out = p.wait(limit);
-        assert!(out.success(), "{what}: {}", out.combined());
+    for (victim, what) in [
+        (&wv.client, "write-bw client"),
+        (&pv.server, "pingpong server"),
+    ] {
+        let killed = Instant::now();
+        signal(victim.pid(), "-KILL");
+        wait_for(Duration::from_secs(10), "the victim reaped", || {
+            d.clients_with_pid(victim.pid()).is_empty().then_some(())
+        });
+        eprintln!(
+            "{what} reaped {} ms after kill -9 (seen by res show)",
+            killed.elapsed().as_millis()
+        );
     }
-    drop(victim_peer);
+    // The others were running all along.
+    for p in &mut pairs {
+        assert!(
+            !p.server.exited() && !p.client.exited(),
+            "{} ended before the kills: make it longer",
+            p.server.what()
+        );
+    }
+    let outs = finish_pairs(pairs, [&d, &d], Duration::from_secs(90));
+    assert_eq!(outs.len(), 4);
+    // The write stream's server lost its client: a clear error, not a hang.
+    let out = wv.server.wait(Duration::from_secs(20));
+    assert!(!out.success() && !out.timed_out, "{}", out.combined());
+    assert!(out.combined().contains("--chk"), "{}", out.combined());
+    drop(pv.client);
     let log = d.log();
     assert!(log.contains("client reaped (process exited)"), "{log}");
 }
@@ -920,7 +903,7 @@ fn a_restarted_daemon_keeps_established_clients_running() {
             .ge(&2)
             .then_some(())
     });
-    d.restart(Some(&ns));
+    d.restart();
     assert!(
         !srv.exited() && !cli.exited(),
         "the long pair ended before the restart"
@@ -1051,4 +1034,254 @@ fn forwarding_mode_serves_two_users_on_one_address() {
         "{}",
         out.combined()
     );
+}
+
+/// One client-server pair of rocectl tools: what both run (`tool` and its options; the client
+/// adds the server's address), the TCP port of their exchange, and who runs each side.
+#[derive(Clone)]
+struct PairSpec {
+    args: Vec<String>,
+    port: u16,
+    nobody_server: bool,
+    nobody_client: bool,
+}
+
+impl PairSpec {
+    fn new(args: &str, port: u16) -> Self {
+        Self {
+            args: args.split_whitespace().map(str::to_owned).collect(),
+            port,
+            nobody_server: false,
+            nobody_client: false,
+        }
+    }
+
+    fn users(mut self, nobody_server: bool, nobody_client: bool) -> Self {
+        self.nobody_server = nobody_server;
+        self.nobody_client = nobody_client;
+        self
+    }
+
+    fn tool(&self) -> &str {
+        &self.args[0]
+    }
+
+    fn who(&self, nobody: bool) -> &'static str {
+        if nobody {
+            "uid 65534"
+        } else {
+            "root"
+        }
+    }
+}
+
+/// Where one side of the pairs runs: its namespace, its daemon and its device (`-d`).
+struct Side<'a> {
+    ns: &'a dyn InNs,
+    d: &'a Daemon,
+    dev: &'a str,
+}
+
+/// A pair's two processes.
+struct Pair {
+    spec: PairSpec,
+    server: Proc,
+    client: Proc,
+}
+
+/// Starts every pair's server on `srv`, waits until each is registered with its daemon, then
+/// starts the clients on `cli`, connecting to `host`.
+fn start_pairs(srv: &Side<'_>, cli: &Side<'_>, host: &str, specs: &[PairSpec]) -> Vec<Pair> {
+    let argv = |spec: &PairSpec, side: &Side<'_>, host: Option<&str>| {
+        let mut a = spec.args.clone();
+        a.extend([
+            "-d".into(),
+            side.dev.into(),
+            "-p".into(),
+            spec.port.to_string(),
+        ]);
+        a.extend(host.map(str::to_owned));
+        a
+    };
+    let servers: Vec<Proc> = specs
+        .iter()
+        .map(|spec| {
+            let a = argv(spec, srv, None);
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            let what = format!(
+                "{} server :{} ({})",
+                spec.tool(),
+                spec.port,
+                spec.who(spec.nobody_server)
+            );
+            tool_as(srv.ns, srv.d, spec.nobody_server, &a, &what)
+        })
+        .collect();
+    wait_for(Duration::from_secs(20), "every server registered", || {
+        servers
+            .iter()
+            .all(|s| !srv.d.clients_with_pid(s.pid()).is_empty())
+            .then_some(())
+    });
+    servers
+        .into_iter()
+        .zip(specs)
+        .map(|(server, spec)| {
+            let a = argv(spec, cli, Some(host));
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            let what = format!(
+                "{} client :{} ({})",
+                spec.tool(),
+                spec.port,
+                spec.who(spec.nobody_client)
+            );
+            let client = tool_as(cli.ns, cli.d, spec.nobody_client, &a, &what);
+            Pair {
+                spec: spec.clone(),
+                server,
+                client,
+            }
+        })
+        .collect()
+}
+
+/// Every pid each daemon's `res show -j` lists now, added to `seen` (one set per daemon).
+fn note_clients(daemons: &[&Daemon], seen: &mut [std::collections::HashSet<u32>]) {
+    for (d, set) in daemons.iter().zip(seen.iter_mut()) {
+        for r in d.json(&["res", "show", "-j"]) {
+            set.insert(r["pid"].as_u64().unwrap() as u32);
+        }
+    }
+}
+
+/// Waits for both processes of every pair, at most `limit` in all, watching the daemons'
+/// `res show -j` meanwhile. Asserts that every process exited 0, that every `--chk` perftest
+/// side reports its data verified, and that each daemon listed every process of its side
+/// (servers: `daemons[0]`, clients: `daemons[1]`, which may be the same daemon).
+fn finish_pairs(
+    pairs: Vec<Pair>,
+    daemons: [&Daemon; 2],
+    limit: Duration,
+) -> Vec<(
+    PairSpec,
+    roce_testkit::proc::Output,
+    roce_testkit::proc::Output,
+)> {
+    let deadline = Instant::now() + limit;
+    let mut seen = vec![std::collections::HashSet::new(); 2];
+    let mut pairs = pairs;
+    let pids: Vec<(u32, u32)> = pairs
+        .iter()
+        .map(|p| (p.server.pid(), p.client.pid()))
+        .collect();
+    loop {
+        note_clients(&daemons, &mut seen);
+        let done = pairs
+            .iter_mut()
+            .all(|p| p.server.exited() && p.client.exited());
+        if done || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut outs = Vec::new();
+    for p in pairs {
+        let left = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(1);
+        let (sw, cw) = (p.server.what().to_owned(), p.client.what().to_owned());
+        let so = p.server.wait(left);
+        let co = p.client.wait(Duration::from_secs(1));
+        assert!(
+            so.success(),
+            "{sw}: {}: {}",
+            so.status_text(),
+            so.combined()
+        );
+        assert!(
+            co.success(),
+            "{cw}: {}: {}",
+            co.status_text(),
+            co.combined()
+        );
+        if p.spec.args.iter().any(|a| a == "--chk") && p.spec.tool().ends_with("-bw") {
+            assert!(
+                so.stdout.contains("--chk: data verified: all"),
+                "{sw}: {}",
+                so.combined()
+            );
+            assert!(
+                co.stdout
+                    .contains("--chk: data verified by the server: all"),
+                "{cw}: {}",
+                co.combined()
+            );
+        }
+        outs.push((p.spec, so, co));
+    }
+    for (s, c) in pids {
+        assert!(
+            seen[0].contains(&s),
+            "server pid {s} never listed by its daemon"
+        );
+        assert!(
+            seen[1].contains(&c),
+            "client pid {c} never listed by its daemon"
+        );
+    }
+    outs
+}
+
+/// The perftest `--json` line of a tool's output.
+fn json_line(out: &str) -> Value {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("{\"tool\""))
+        .unwrap_or_else(|| panic!("no --json line in {out}"));
+    serde_json::from_str(line).unwrap()
+}
+
+/// The first proof: many processes on one address, across two namespaces joined by a
+/// veth pair, a daemon (kernel demux) in each. Four `write-bw --chk` pairs and two
+/// `rc-pingpong --chk` pairs (12 processes: the servers share namespace A's address, the
+/// clients namespace B's) run at once; every process exits 0, every write-bw server finds
+/// its whole buffer as the last request of its own client left it (and the client hears so),
+/// every pingpong byte is checked, and each daemon listed every process on its side.
+#[test]
+fn twelve_processes_on_one_address_per_namespace_all_data_verified() {
+    if !netns_or_skip("twelve_processes_on_one_address_per_namespace_all_data_verified") {
+        return;
+    }
+    let pair = NetnsPair::create("dmn-2ns").unwrap();
+    let (a, b) = (pair.a(), pair.b());
+    let da = Daemon::start_at("2ns-a", Some(a), &a.ipv4().to_string(), "");
+    let db = Daemon::start_at("2ns-b", Some(b), &b.ipv4().to_string(), "");
+    let mut specs: Vec<PairSpec> = (0..4)
+        .map(|i| PairSpec::new("write-bw -n 2000 -s 65536 --chk", 18_800 + i))
+        .collect();
+    specs.extend((0..2).map(|i| PairSpec::new("rc-pingpong -n 2000 --chk", 18_810 + i)));
+    let t = Instant::now();
+    let pairs = start_pairs(
+        &Side {
+            ns: a,
+            d: &da,
+            dev: "veth-a",
+        },
+        &Side {
+            ns: b,
+            d: &db,
+            dev: "veth-b",
+        },
+        &a.ipv4().to_string(),
+        &specs,
+    );
+    let outs = finish_pairs(pairs, [&da, &db], Duration::from_secs(60));
+    eprintln!(
+        "{} processes on two addresses, all data verified, in {} ms",
+        2 * outs.len(),
+        t.elapsed().as_millis()
+    );
+    // Each daemon allocated a range to each of its six processes, and no other.
+    for (d, n) in [(&da, 6), (&db, 6)] {
+        let log = d.log();
+        assert_eq!(log.matches("QPN range allocated").count(), n, "{log}");
+    }
 }

@@ -7,6 +7,7 @@
 //! tests run in parallel and touch nothing of the host's. Everything they start is killed when
 //! they end. Tests that need namespaces follow the testkit skip policy.
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
@@ -849,10 +850,13 @@ impl Drop for BpfFs {
     }
 }
 
-/// Daemon restart in kernel-demux mode: with the demultiplexer pinned, a restarted daemon
-/// takes the same group back; a pingpong pair running across the restart finishes with every
-/// byte checked, a pair started after it runs too (the old pair's slots, which the new daemon
-/// never allocated, are skipped), and when the old pair exits its slots are quarantined.
+/// Daemon restart in kernel-demux mode under a sustained stream: with the demultiplexer
+/// pinned, a restarted daemon takes the same group back. Two `write-bw --chk` streams and a
+/// pingpong, all under way, run across the restart and finish with 0 failed work requests
+/// (every process exits 0, every request of every stream completed, no fatal NAK either
+/// way) and every byte verified; a pair started after the restart runs too (the old pairs'
+/// slots, which the new daemon never allocated, are skipped), and when the old pairs exit
+/// their slots are quarantined.
 #[test]
 fn a_restarted_daemon_keeps_established_clients_running() {
     if !netns_or_skip("a_restarted_daemon_keeps_established_clients_running") {
@@ -871,6 +875,7 @@ fn a_restarted_daemon_keeps_established_clients_running() {
         );
         return;
     }
+    const ITERS: u64 = 25_000;
     let ns = TempNetns::create("dmn-rst").unwrap();
     let pin = bpf.0 .0.join("group");
     let mut d = Daemon::start(
@@ -878,63 +883,75 @@ fn a_restarted_daemon_keeps_established_clients_running() {
         Some(&ns),
         &format!("[demux]\npin_dir = \"{}\"\n", pin.display()),
     );
-    let long = [
-        "rc-pingpong",
-        "-d",
-        "lo",
-        "-p",
-        "18720",
-        "-n",
-        "40000",
-        "--chk",
+    let stream = format!("write-bw -n {ITERS} -s 65536 --chk --json");
+    let specs = [
+        PairSpec::new(&stream, 18_720),
+        PairSpec::new(&stream, 18_721),
+        PairSpec::new("rc-pingpong -n 40000 --chk", 18_722),
     ];
-    let mut srv = tool(&ns, &d, &long, "long server");
-    wait_for(Duration::from_secs(10), "the long server", || {
-        (!d.clients_with_pid(srv.pid()).is_empty()).then_some(())
-    });
-    let mut with_host = long.to_vec();
-    with_host.push("127.0.0.1");
-    let mut cli = tool(&ns, &d, &with_host, "long client");
-    wait_for(Duration::from_secs(10), "the long pair running", || {
-        d.json(&["res", "show", "qp", "-j"])
+    let side = Side {
+        ns: &ns,
+        d: &d,
+        dev: "lo",
+    };
+    let mut long = start_pairs(&side, &side, "127.0.0.1", &specs);
+    let mut seen = vec![HashSet::new(); 2];
+    // Both streams under way (16 MB each into their servers).
+    wait_for(Duration::from_secs(30), "the streams under way", || {
+        note_clients(&[&d, &d], &mut seen);
+        long[..2]
             .iter()
-            .filter(|r| r["state"] == "RTS")
-            .count()
-            .ge(&2)
+            .all(|p| client_counter(&d, p.server.pid(), "rx_bytes").is_some_and(|b| b > 16 << 20))
             .then_some(())
     });
     d.restart();
-    assert!(
-        !srv.exited() && !cli.exited(),
-        "the long pair ended before the restart"
-    );
+    for p in &mut long {
+        assert!(
+            !p.server.exited() && !p.client.exited(),
+            "{} ended before the restart",
+            p.server.what()
+        );
+    }
     assert!(d.log().contains("taken back from its pin"), "{}", d.log());
     // A new pair after the restart.
-    let short = [
-        "rc-pingpong",
-        "-d",
-        "lo",
-        "-p",
-        "18721",
-        "-n",
-        "300",
-        "--chk",
-    ];
-    let s2 = tool(&ns, &d, &short, "new server");
-    wait_for(Duration::from_secs(10), "the new server", || {
-        (!d.clients_with_pid(s2.pid()).is_empty()).then_some(())
-    });
-    let mut short_c = short.to_vec();
-    short_c.push("127.0.0.1");
-    let c2 = tool(&ns, &d, &short_c, "new client");
-    for p in [s2, c2, srv, cli] {
-        let what = p.what().to_owned();
-        let out = p.wait(Duration::from_secs(120));
-        assert!(out.success(), "{what}: {}", out.combined());
+    let side = Side {
+        ns: &ns,
+        d: &d,
+        dev: "lo",
+    };
+    let new = start_pairs(
+        &side,
+        &side,
+        "127.0.0.1",
+        &[PairSpec::new("rc-pingpong -n 300 --chk", 18_723)],
+    );
+    assert_eq!(
+        finish_pairs(new, [&d, &d], Duration::from_secs(60)).len(),
+        1
+    );
+    let outs = finish_pairs_seen(long, [&d, &d], Duration::from_secs(60), seen);
+    let mut streams = 0;
+    for (spec, so, co) in &outs {
+        if spec.tool() != "write-bw" {
+            continue;
+        }
+        streams += 1;
+        let c = json_line(&co.stdout);
+        let s = json_line(&so.stdout);
+        assert_eq!(c["iters"], ITERS, "{c}");
+        assert_eq!(s["iters"], ITERS, "{s}");
+        for k in ["send_fatal_nak", "rcvd_fatal_nak"] {
+            assert_eq!(c[k], 0, "{k}: {c}");
+        }
+        eprintln!(
+            "stream :{} across the restart: {} requests, {} retransmitted packets, {} ACK timeouts",
+            spec.port, c["iters"], c["retransmitted_pkts"], c["ack_timeouts"]
+        );
     }
+    assert_eq!(streams, 2);
     wait_for(
         Duration::from_secs(5),
-        "the old pair's slots quarantined",
+        "the old pairs' slots quarantined",
         || {
             d.log()
                 .contains("the member of an earlier daemon run left its QPN range")
@@ -1146,7 +1163,7 @@ fn start_pairs(srv: &Side<'_>, cli: &Side<'_>, host: &str, specs: &[PairSpec]) -
 }
 
 /// Every pid each daemon's `res show -j` lists now, added to `seen` (one set per daemon).
-fn note_clients(daemons: &[&Daemon], seen: &mut [std::collections::HashSet<u32>]) {
+fn note_clients(daemons: &[&Daemon], seen: &mut [HashSet<u32>]) {
     for (d, set) in daemons.iter().zip(seen.iter_mut()) {
         for r in d.json(&["res", "show", "-j"]) {
             set.insert(r["pid"].as_u64().unwrap() as u32);
@@ -1158,17 +1175,25 @@ fn note_clients(daemons: &[&Daemon], seen: &mut [std::collections::HashSet<u32>]
 /// `res show -j` meanwhile. Asserts that every process exited 0, that every `--chk` perftest
 /// side reports its data verified, and that each daemon listed every process of its side
 /// (servers: `daemons[0]`, clients: `daemons[1]`, which may be the same daemon).
-fn finish_pairs(
-    pairs: Vec<Pair>,
-    daemons: [&Daemon; 2],
-    limit: Duration,
-) -> Vec<(
+fn finish_pairs(pairs: Vec<Pair>, daemons: [&Daemon; 2], limit: Duration) -> Vec<Finished> {
+    finish_pairs_seen(pairs, daemons, limit, vec![HashSet::new(); 2])
+}
+
+/// A pair's spec and both outputs (server, client).
+type Finished = (
     PairSpec,
     roce_testkit::proc::Output,
     roce_testkit::proc::Output,
-)> {
+);
+
+/// As [`finish_pairs`], counting the pids in `seen` (one set per daemon) as listed already.
+fn finish_pairs_seen(
+    pairs: Vec<Pair>,
+    daemons: [&Daemon; 2],
+    limit: Duration,
+    mut seen: Vec<HashSet<u32>>,
+) -> Vec<Finished> {
     let deadline = Instant::now() + limit;
-    let mut seen = vec![std::collections::HashSet::new(); 2];
     let mut pairs = pairs;
     let pids: Vec<(u32, u32)> = pairs
         .iter()

@@ -76,7 +76,7 @@ impl InNs for roce_testkit::netns::Netns {
 
 impl InNs for NetnsEnd {
     fn ns_name(&self) -> &str {
-        NetnsEnd::ns_name(self)
+        Self::ns_name(self)
     }
 }
 
@@ -1309,4 +1309,460 @@ fn twelve_processes_on_one_address_per_namespace_all_data_verified() {
         let log = d.log();
         assert_eq!(log.matches("QPN range allocated").count(), n, "{log}");
     }
+}
+
+/// The attacker of [`forwarding_keeps_each_users_traffic_and_memory_its_own`]: a Python
+/// program (run as uid 65534) that reads its orders from the JSON file named by its argument
+/// and prints what happened as one JSON line.
+const ATTACKER: &str = r#"
+import errno, json, os, socket, struct, sys
+cfg = json.load(open(sys.argv[1]))
+out = {"open": {}, "bind": {}, "sent": 0, "control": []}
+def err(e):
+    return errno.errorcode.get(e.errno, str(e.errno))
+for p in cfg["paths"]:
+    try:
+        os.close(os.open(p, os.O_RDONLY))
+        out["open"][p] = "ok"
+    except OSError as e:
+        out["open"][p] = err(e)
+for name, host, reuseaddr, reuseport in cfg["binds"]:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    if reuseaddr:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuseport:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        s.bind((host, 4791))
+        out["bind"][name] = "ok"
+    except OSError as e:
+        out["bind"][name] = err(e)
+    s.close()
+c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+c.connect(cfg["socket"])
+def recv_exact(n):
+    b = b""
+    while len(b) < n:
+        chunk = c.recv(n - len(b))
+        if not chunk:
+            raise EOFError("daemon closed")
+        b += chunk
+    return b
+for req in cfg["requests"]:
+    body = req.encode()
+    c.sendall(struct.pack(">I", len(body)) + body)
+    (n,) = struct.unpack(">I", recv_exact(4))
+    out["control"].append(json.loads(recv_exact(n)))
+c.close()
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = IP_PMTUDISC_DO: DF, so IP ID 0
+s.bind((cfg["src"], cfg["sport"]))
+for h in cfg["packets"]:
+    out["sent"] += s.sendto(bytes.fromhex(h), (cfg["dst"], 4791)) > 0
+print(json.dumps(out))
+"#;
+
+/// The UDP payload (BTH, RETH, 64 bytes of 0xEE, ICRC) of a forged RC RDMA WRITE ONLY to
+/// `qpn` at `psn`, `rkey`, `va`, sent from `src:sport` to `dst:4791` with DF (IP ID 0, as the
+/// kernel sends it from an unconnected socket), so that its ICRC verifies.
+fn forged_write(
+    src: std::net::Ipv4Addr,
+    sport: u16,
+    dst: std::net::Ipv4Addr,
+    qpn: u32,
+    psn: u32,
+    rkey: u32,
+    va: u64,
+) -> Vec<u8> {
+    use roce_wire::frame::{IpRepr, Ipv4Repr, UdpRepr};
+    use roce_wire::{bth, reth, Caps, Ext, FrameRepr, Opcode, PacketRepr, Psn, Qpn, RKey};
+    let frame = FrameRepr {
+        eth: None,
+        ip: IpRepr::V4(Ipv4Repr {
+            src,
+            dst,
+            tos: 0,
+            ident: 0,
+            dont_fragment: true,
+            ttl: 64,
+        }),
+        udp: UdpRepr {
+            src_port: sport,
+            dst_port: 4791,
+            checksum: 0,
+        },
+    };
+    let payload = [0xEE_u8; 64];
+    let ext = Ext {
+        reth: Some(reth::Repr {
+            va,
+            rkey: RKey::new(rkey),
+            dma_len: 64,
+        }),
+        ..Ext::default()
+    };
+    let packet = PacketRepr::new(
+        bth::Repr::new(Opcode::RcRdmaWriteOnly, Qpn::new(qpn), Psn::new(psn)),
+        ext,
+        &payload,
+    );
+    let mut buf = vec![0u8; frame.buffer_len(&packet)];
+    frame.emit(&packet, &mut buf, &Caps::default());
+    assert!(roce_wire::icrc::verify(&buf), "the forged packet's ICRC");
+    buf[frame.header_len()..].to_vec()
+}
+
+/// The ring memory (`memfd:rocectl-rx-ring`) descriptors of process `pid`, as
+/// `/proc/PID/fd/N`, and its mappings of ring memory as `/proc/PID/map_files/RANGE`.
+fn ring_paths(pid: u32) -> Vec<String> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+    {
+        let target = std::fs::read_link(e.path()).unwrap_or_default();
+        if target.to_string_lossy().contains("memfd:rocectl-rx-ring") {
+            v.push(e.path().display().to_string());
+        }
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    for l in maps.lines().filter(|l| l.contains("rocectl-rx-ring")) {
+        let range = l.split_whitespace().next().unwrap();
+        v.push(format!("/proc/{pid}/map_files/{range}"));
+    }
+    v
+}
+
+/// The issue's multi-user proof: forwarding mode, two users, two namespaces (a forwarding
+/// daemon in each). Five pairs mixed across root and uid 65534 (`write-bw --chk` root/root,
+/// nobody/nobody, root/nobody, nobody/root, and an `rc-pingpong --chk` nobody/root) run at
+/// once and all finish with every byte verified, while a uid-65534 attacker next to the
+/// root servers tries to cross, and fails each time for the right reason:
+///
+/// - **memory**: opening a root server's ring memory (its memfd descriptor, its mapping, its
+///   `/proc/PID/mem`) or the daemon's mapping of it: EACCES/EPERM (ptrace access rules; root
+///   can open the same paths, so they are the real rings);
+/// - **traffic**: binding the daemon's `IP:4791` (plain, with `SO_REUSEPORT`, or the wildcard
+///   with `SO_REUSEADDR` and `SO_REUSEPORT`) to receive in its place: EADDRINUSE (the daemon
+///   holds the port alone and is another user);
+/// - **control**: asking the daemon for a QPN range gives a fresh one, never a range another
+///   client holds, and a second request is refused (already has a range);
+/// - **views**: `res show qp` shows the attacker the QPNs of root's QPs but not their PSNs;
+/// - **forged packets**: RDMA WRITEs to the streaming root server's QP, with every rkey of
+///   the first two key-table entries and guessed PSNs, are delivered to that server's ring
+///   and dropped by its QP (sequence NAK, PSN drop or duplicate, counted; none fails the
+///   ICRC), and its whole buffer is still exactly what its own client wrote; forged WRITEs to
+///   a QPN nobody owns are dropped by the daemon (`rx-drop-no-owner`).
+#[test]
+fn forwarding_keeps_each_users_traffic_and_memory_its_own() {
+    const TEST: &str = "forwarding_keeps_each_users_traffic_and_memory_its_own";
+    if !netns_or_skip(TEST) {
+        return;
+    }
+    let Some(python) = ["/usr/bin/python3", "/usr/local/bin/python3"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+    else {
+        roce_testkit::skip(TEST, "no system python3 for the uid-65534 attacker");
+        return;
+    };
+    let pair = NetnsPair::create("dmn-fwd2").unwrap();
+    let (a, b) = (pair.a(), pair.b());
+    let fwd = "mode = \"forwarding\"\n";
+    let da = Daemon::start_at("fwd2-a", Some(a), &a.ipv4().to_string(), fwd);
+    let db = Daemon::start_at("fwd2-b", Some(b), &b.ipv4().to_string(), fwd);
+    let specs = [
+        // The attack target: a root server with a long stream.
+        PairSpec::new("write-bw -n 20000 -s 65536 --chk", 18_830).users(false, false),
+        PairSpec::new("write-bw -n 3000 -s 65536 --chk", 18_831).users(true, true),
+        PairSpec::new("write-bw -n 3000 -s 65536 --chk", 18_832).users(false, true),
+        PairSpec::new("write-bw -n 3000 -s 65536 --chk", 18_833).users(true, false),
+        PairSpec::new("rc-pingpong -n 2000 --chk", 18_834).users(true, false),
+    ];
+    let mut pairs = start_pairs(
+        &Side {
+            ns: a,
+            d: &da,
+            dev: "veth-a",
+        },
+        &Side {
+            ns: b,
+            d: &db,
+            dev: "veth-b",
+        },
+        &a.ipv4().to_string(),
+        &specs,
+    );
+    let target = pairs[0].server.pid();
+    // The target's stream under way.
+    wait_for(
+        Duration::from_secs(30),
+        "the target stream under way",
+        || (client_counter(&da, target, "rx_bytes")? > 16 << 20).then_some(()),
+    );
+    let before = da
+        .json(&["stat", "-j"])
+        .into_iter()
+        .find(|r| r["pid"] == target)
+        .unwrap();
+    let rows = da.json(&["res", "show", "qp", "-j"]);
+    let tq = rows.iter().find(|r| r["pid"] == target).unwrap();
+    let qpn = tq["lqpn"].as_u64().unwrap() as u32;
+    let held: HashSet<u64> = da
+        .json(&["res", "show", "-j"])
+        .iter()
+        .map(|r| r["slot"].as_u64().unwrap())
+        .collect();
+    // What the attacker is given: the root server's ring paths (and the daemon's), which
+    // root itself can open.
+    let mut paths = ring_paths(target);
+    paths.push(format!("/proc/{target}/mem"));
+    let daemon_paths = ring_paths(da.pid());
+    assert!(
+        paths.iter().any(|p| p.contains("/fd/")) && !daemon_paths.is_empty(),
+        "no ring memory found: {paths:?} {daemon_paths:?}"
+    );
+    paths.extend(daemon_paths);
+    for p in &paths {
+        assert!(std::fs::File::open(p).is_ok(), "root cannot open {p}");
+    }
+    let (src, dst, sport) = (a.ipv4(), a.ipv4(), 40_791u16);
+    let mut packets = Vec::new();
+    let mut guess = 0x9E37_79B9u32;
+    for rkey in 0..512u32 {
+        guess = guess.wrapping_mul(0x0101_0101).wrapping_add(0x2545_F491);
+        packets.push(forged_write(
+            src,
+            sport,
+            dst,
+            qpn,
+            guess & 0xFF_FFFF,
+            rkey,
+            0x1000,
+        ));
+    }
+    // A QPN in a slot nobody holds (the last of 255).
+    let no_owner = 255 * 65_536 + 0x42;
+    let orphan: Vec<Vec<u8>> = (0..16)
+        .map(|k| forged_write(src, sport, dst, no_owner, k, 0, 0))
+        .collect();
+    packets.extend(orphan);
+    let requests = [
+        serde_json::to_string(&Request::Hello(Hello::new(Role::Device))).unwrap(),
+        serde_json::to_string(&Request::AllocRange {
+            device: "attacker".into(),
+        })
+        .unwrap(),
+        serde_json::to_string(&Request::AllocRange {
+            device: "attacker".into(),
+        })
+        .unwrap(),
+    ];
+    let orders = serde_json::json!({
+        "paths": paths,
+        "binds": [
+            ["specific", a.ipv4().to_string(), false, false],
+            ["specific+reuseport", a.ipv4().to_string(), false, true],
+            ["wildcard+reuseaddr+reuseport", "0.0.0.0", true, true],
+        ],
+        "socket": da.socket,
+        "requests": requests,
+        "src": src.to_string(),
+        "dst": dst.to_string(),
+        "sport": sport,
+        "packets": packets.iter().map(|p| p.iter().map(|b| format!("{b:02x}")).collect::<String>()).collect::<Vec<_>>(),
+    });
+    let file = da.dir.0.join("orders.json");
+    std::fs::write(&file, orders.to_string()).unwrap();
+    let mut cmd = a.cmd("setpriv");
+    cmd.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        python,
+        "-c",
+        ATTACKER,
+    ])
+    .arg(&file);
+    let out = Proc::spawn(cmd, "attacker", &da.dir.0)
+        .unwrap()
+        .wait(Duration::from_secs(30));
+    assert!(out.success(), "attacker: {}", out.combined());
+    let got: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    // Memory.
+    for p in &paths {
+        let e = got["open"][p].as_str().unwrap();
+        assert!(e == "EACCES" || e == "EPERM", "uid 65534 opening {p}: {e}");
+    }
+    // Traffic.
+    for (name, e) in got["bind"].as_object().unwrap() {
+        assert_eq!(e, "EADDRINUSE", "uid 65534 binding 4791 ({name})");
+    }
+    assert_eq!(got["bind"].as_object().unwrap().len(), 3);
+    // Control.
+    let ctl = got["control"].as_array().unwrap();
+    assert_eq!(ctl[0]["reply"], "welcome", "{ctl:?}");
+    let slot = ctl[1]["slot"].as_u64().unwrap_or_else(|| panic!("{ctl:?}"));
+    assert!(
+        !held.contains(&slot),
+        "the attacker got held slot {slot}: {held:?}"
+    );
+    assert!(
+        ctl[2].to_string().contains("already"),
+        "a second range: {ctl:?}"
+    );
+    // Views: as uid 65534, root's QPs without their PSNs; root sees them.
+    let mut view = a.cmd("setpriv");
+    view.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        ROCECTL,
+        "res",
+        "show",
+        "qp",
+        "-j",
+        "--socket",
+    ])
+    .arg(&da.socket);
+    let v = view.output().unwrap();
+    assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stderr));
+    let theirs: Vec<Value> = serde_json::from_slice(&v.stdout).unwrap();
+    let root_rows: Vec<&Value> = theirs.iter().filter(|r| r["uid"] == 0).collect();
+    assert!(!root_rows.is_empty(), "{theirs:?}");
+    for r in &root_rows {
+        assert!(r["lqpn"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(
+            (r["sq-psn"].as_u64(), r["rq-psn"].as_u64()),
+            (Some(0), Some(0)),
+            "uid 65534 sees a root QP's PSNs: {r}"
+        );
+    }
+    let mine = theirs.iter().filter(|r| r["uid"] == 65534).count();
+    assert!(mine > 0, "{theirs:?}");
+    // Forged packets: delivered to the target's ring and dropped by its QP, counted.
+    assert_eq!(got["sent"], packets.len());
+    let drops = |r: &Value| {
+        ["out_of_seq_request", "duplicate_request", "qp_drops"]
+            .iter()
+            .map(|k| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}")))
+            .sum::<u64>()
+    };
+    let after = wait_for(
+        Duration::from_secs(10),
+        "the forged packets counted",
+        || {
+            let r = da
+                .json(&["stat", "-j"])
+                .into_iter()
+                .find(|r| r["pid"] == target)?;
+            (drops(&r) >= drops(&before) + 512).then_some(r)
+        },
+    );
+    assert_eq!(after["icrc_errors"], before["icrc_errors"], "{after}");
+    assert_eq!(
+        after["send_fatal_nak"], 0,
+        "a forged packet was executed: {after}"
+    );
+    let daemon = wait_for(Duration::from_secs(5), "the no-owner drops", || {
+        let d = da.json(&["stat", "-j"]).pop()?;
+        (d["rx-drop-no-owner"].as_u64()? >= 16).then_some(d)
+    });
+    eprintln!(
+        "forged: 512 to root's QP {qpn:#x} dropped by it ({} -> {} PSN drops, NAKs and duplicates), 16 to no owner; daemon: {daemon}",
+        drops(&before),
+        drops(&after)
+    );
+    assert!(
+        !pairs[0].server.exited(),
+        "the target stream ended before the attack did: make it longer"
+    );
+    // Every pair, the target's too, finishes with its whole buffer verified.
+    let outs = finish_pairs(pairs, [&da, &db], Duration::from_secs(90));
+    assert_eq!(outs.len(), 5);
+    for d in [&da, &db] {
+        let log = d.log();
+        assert!(log.contains("uid=65534") && log.contains("uid=0"), "{log}");
+    }
+}
+
+/// `write-bw --chk` fails when the data is wrong: a server whose buffer has one byte flipped
+/// before it checks (`--chk-corrupt`, the hook for this test) exits 1 naming the byte, and so
+/// does its client, told by the server's verdict; a client without `--chk` facing a `--chk`
+/// server makes both fail with a clear error rather than pass unchecked.
+#[test]
+fn write_bw_chk_fails_on_a_corrupted_buffer() {
+    if !netns_or_skip("write_bw_chk_fails_on_a_corrupted_buffer") {
+        return;
+    }
+    let ns = TempNetns::create("dmn-chk").unwrap();
+    let d = Daemon::start("chk", Some(&ns), "");
+    let run = |server: &str, client: &str, port: u16| {
+        let srv = format!("{server} -d lo -p {port}");
+        let srv = tool(
+            &ns,
+            &d,
+            &srv.split_whitespace().collect::<Vec<_>>(),
+            "chk server",
+        );
+        wait_for(Duration::from_secs(10), "the server registered", || {
+            (!d.clients_with_pid(srv.pid()).is_empty()).then_some(())
+        });
+        let cli = format!("{client} -d lo -p {port} 127.0.0.1");
+        let cli = tool(
+            &ns,
+            &d,
+            &cli.split_whitespace().collect::<Vec<_>>(),
+            "chk client",
+        );
+        (
+            srv.wait(Duration::from_secs(30)),
+            cli.wait(Duration::from_secs(30)),
+        )
+    };
+    // 70000 is byte 4464 of the target half (64 KiB + 64 B of a 64 KiB test).
+    let (s, c) = run(
+        "write-bw -n 300 -s 65536 --chk --chk-corrupt 70000",
+        "write-bw -n 300 -s 65536 --chk",
+        18_850,
+    );
+    assert_eq!(s.code, Some(1), "{}", s.combined());
+    assert_eq!(c.code, Some(1), "{}", c.combined());
+    assert!(
+        s.stderr.contains("data check failed: 1 of the 131072 bytes of the buffer differ; the first at offset 70000: target byte 4464"),
+        "{}",
+        s.combined()
+    );
+    assert!(
+        c.stderr
+            .contains("the server found 1 of the 131072 bytes of its buffer wrong"),
+        "{}",
+        c.combined()
+    );
+    // The same without the flip passes (so the failure above is the flip's).
+    let (s, c) = run(
+        "write-bw -n 300 -s 65536 --chk",
+        "write-bw -n 300 -s 65536 --chk",
+        18_851,
+    );
+    assert!(
+        s.success() && c.success(),
+        "{}\n{}",
+        s.combined(),
+        c.combined()
+    );
+    // One side without --chk: both fail.
+    let (s, c) = run("write-bw -n 300 --chk", "write-bw -n 300", 18_852);
+    assert_eq!(
+        (s.code, c.code),
+        (Some(1), Some(1)),
+        "{}\n{}",
+        s.combined(),
+        c.combined()
+    );
+    assert!(
+        s.stderr.contains("give --chk to both sides"),
+        "{}",
+        s.combined()
+    );
 }

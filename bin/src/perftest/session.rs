@@ -572,7 +572,8 @@ fn open_device(cfg: &Config, peer: Option<IpAddr>) -> anyhow::Result<(Device, u8
         .unwrap_or_else(|_| "rocectl0".into());
     let mut config = DeviceConfig::udp(ip).name(name).progress(cfg.progress);
     config.capture = crate::signals::open_capture(cfg.pcap.as_deref(), &config.name)?;
-    let dev = Device::open(config).with_context(|| format!("opening the device on {ip}"))?;
+    let dev = Device::open(config)
+        .with_context(|| format!("opening the device on {ip} (--local {ip})"))?;
     let index = dev.local_gid_index().unwrap_or(0);
     let gid = dev.local_gid();
     Ok((dev, index, gid))

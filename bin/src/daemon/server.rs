@@ -18,7 +18,7 @@ use roce_transport::control::sys::{
     peer_cred, peer_pidfd, pidfd_exited, read_frame, write_frame, PeerCred,
 };
 use roce_transport::control::{
-    ControlError, Hello, Reply, Request, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+    ClientView, ControlError, Hello, Reply, Request, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
 use roce_transport::datapath::demux::DemuxGroup;
 use roce_transport::datapath::fwdring::{Forwarder, RingFds, RingProducer};
@@ -373,7 +373,7 @@ impl Server {
                 Ok(Reply::Ok)
             }
             Request::ResShow => Ok(Reply::Clients {
-                clients: reg.views(now),
+                clients: redact_for(cred, reg.views(now)),
             }),
             Request::Stat => Ok(Reply::Stats {
                 daemon: {
@@ -386,7 +386,7 @@ impl Server {
                     }
                     st
                 },
-                clients: reg.views(now),
+                clients: redact_for(cred, reg.views(now)),
             }),
             _ => Err(ControlError::NotImplemented {
                 what: "this request".into(),
@@ -406,4 +406,21 @@ impl Server {
             }
         }
     }
+}
+
+/// The views as `viewer` may see them: root and each user see everything of their own
+/// clients, but the PSNs of another user's QPs are shown as 0. A QPN and its live PSN are
+/// what an off-path writer must otherwise guess (24 bits each, ReDMArk); in forwarding mode,
+/// where users share the address and trust each other no more than on a NIC, handing them
+/// out would let one user inject into another's QPs.
+fn redact_for(viewer: PeerCred, mut views: Vec<ClientView>) -> Vec<ClientView> {
+    if viewer.uid != 0 {
+        for v in views.iter_mut().filter(|v| v.uid != viewer.uid) {
+            for q in &mut v.report.qps {
+                q.sq_psn = 0;
+                q.rq_psn = 0;
+            }
+        }
+    }
+    views
 }

@@ -426,6 +426,18 @@ fn limits_refuse_with_a_typed_error_and_res_show_lists_the_qps() {
         assert_eq!(summary[0]["qp"], 2);
         assert_eq!(summary[0]["cq"], 1);
         assert_eq!(summary[0]["mr-bytes"], 4096);
+        // `res show mr`: one line per region, with its keys and length (`rdma`'s columns).
+        let mrs = wait_for(Duration::from_secs(5), "the MR in res show mr", || {
+            let rows: Vec<Value> = d
+                .json(&["res", "show", "mr", "-j"])
+                .into_iter()
+                .filter(|r| r["pid"] == me)
+                .collect();
+            (rows.len() == 1).then_some(rows)
+        });
+        assert_eq!(mrs[0]["rkey"], format!("{:#x}", _mr.rkey().value()));
+        assert_eq!(mrs[0]["lkey"], format!("{:#x}", _mr.lkey().value()));
+        assert_eq!(mrs[0]["mrlen"], 4096);
         // Destroying a QP gives the reservation back.
         drop(q1);
         let _q3 = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();

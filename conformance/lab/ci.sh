@@ -5,7 +5,9 @@
 # qemu-system-x86 tcpdump tshark kmod cpio binutils python3 iproute2 nftables), downloads the
 # guest's Debian packages once (~86 MB, cached in $ROCE_LAB_CACHE, default
 # /var/tmp/roce-lab-cache), builds rocectl and the drop-in libibverbs.so.1 (verbs/build-so.sh),
-# boots one qemu/TCG guest and runs conformance/tests/lab_interop.rs.
+# boots one qemu/TCG guest per pass and runs conformance/tests/lab_interop.rs: IPv4, IPv6 + MTU
+# 9000, then the IPv4 rows again with every host-side process going through `rocectl daemon`
+# (kernel demux, then forwarding; ROCE_LAB_DAEMON=0 leaves those two passes out).
 # Exit status: 0 pass, 1 a case failed, 77 a prerequisite is missing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

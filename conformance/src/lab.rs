@@ -561,6 +561,33 @@ pub struct Lab {
     info: LabInfo,
     up_time: Duration,
     torn_down: bool,
+    daemon: Option<LabDaemon>,
+}
+
+/// A `rocectl daemon` serving the lab bridge's address in the namespace; while it runs, every
+/// host-side command gets `ROCECTL_DAEMON_SOCKET` and so opens its device through it.
+#[derive(Debug)]
+struct LabDaemon {
+    proc: Proc,
+    socket: PathBuf,
+    mode: String,
+}
+
+/// What a [`Lab::stop_daemon`] saw.
+#[derive(Clone, Debug)]
+pub struct DaemonReport {
+    /// The data-path mode (`kernel-demux`, `forwarding`).
+    pub mode: String,
+    /// QPN ranges it allocated (one per client device opened through it).
+    pub clients: usize,
+    /// Clients it reaped after they exited.
+    pub reaped: usize,
+    /// Requests it refused.
+    pub refused: usize,
+    /// Its whole log (stderr, `RUST_LOG=info`).
+    pub log: String,
+    /// Whether it exited 0 on SIGTERM.
+    pub clean_exit: bool,
 }
 
 impl Lab {
@@ -653,6 +680,97 @@ impl Lab {
             info,
             up_time: t0.elapsed(),
             torn_down: false,
+            daemon: None,
+        })
+    }
+
+    /// Starts `rocectl daemon` in `mode` (`kernel-demux` or `forwarding`) on the bridge's
+    /// address in the namespace; from then on every host-side command uses it. Returns once
+    /// its control socket exists.
+    ///
+    /// # Errors
+    /// A daemon runs already, or it did not come up within 15 s.
+    pub fn start_daemon(&mut self, mode: &str) -> Result<(), LabError> {
+        if self.daemon.is_some() {
+            return Err(LabError::Failed {
+                what: "rocectl daemon".to_owned(),
+                status: "already running".to_owned(),
+                output: String::new(),
+            });
+        }
+        let dir = self.cfg.out_dir.join("daemon");
+        fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
+        let socket = dir.join("rocectl.sock");
+        let _ = fs::remove_file(&socket);
+        let config = dir.join(format!("{mode}.toml"));
+        fs::write(
+            &config,
+            format!(
+                "mode = \"{mode}\"\ninterface = \"{}\"\n\n[socket]\npath = \"{}\"\nmode = 0o600\n",
+                self.info.bridge,
+                socket.display()
+            ),
+        )
+        .map_err(io_err(format!("write {}", config.display())))?;
+        let rocectl = self
+            .vars()
+            .into_iter()
+            .find(|(k, _)| *k == "ROCECTL")
+            .map(|(_, v)| v)
+            .unwrap_or_default();
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.cfg.netns, "env", "RUST_LOG=info"])
+            .arg(&rocectl)
+            .arg("daemon")
+            .arg("--config")
+            .arg(&config)
+            .current_dir(&self.cfg.out_dir);
+        let mut proc = Proc::spawn(cmd, "rocectl daemon", &self.logs())?;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let up = fs::symlink_metadata(&socket).is_ok_and(|m| m.file_type().is_socket());
+            if up {
+                break;
+            }
+            if proc.exited() || Instant::now() >= deadline {
+                let out = proc.stop(Signal::SIGTERM, Duration::from_secs(2));
+                return Err(LabError::Failed {
+                    what: format!("rocectl daemon ({mode})"),
+                    status: out.status_text(),
+                    output: out.combined(),
+                });
+            }
+            sleep(Duration::from_millis(50));
+        }
+        self.daemon = Some(LabDaemon {
+            proc,
+            socket,
+            mode: mode.to_owned(),
+        });
+        Ok(())
+    }
+
+    /// Stops the daemon [`Lab::start_daemon`] started (SIGTERM) and says what it did.
+    /// Host-side commands open their devices alone again.
+    ///
+    /// # Errors
+    /// No daemon runs.
+    pub fn stop_daemon(&mut self) -> Result<DaemonReport, LabError> {
+        let d = self.daemon.take().ok_or_else(|| LabError::Failed {
+            what: "rocectl daemon".to_owned(),
+            status: "not running".to_owned(),
+            output: String::new(),
+        })?;
+        let out = d.proc.stop(Signal::SIGTERM, Duration::from_secs(5));
+        let log = out.combined();
+        let count = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
+        Ok(DaemonReport {
+            mode: d.mode,
+            clients: count("QPN range allocated"),
+            reaped: count("client reaped"),
+            refused: count("refused:"),
+            clean_exit: out.success(),
+            log,
         })
     }
 
@@ -800,7 +918,12 @@ impl Lab {
     /// `ip netns exec NS sh -c CMD`, in the output directory.
     pub fn ns_command(&self, shell_cmd: &str) -> Command {
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.cfg.netns, "sh", "-c", shell_cmd])
+        cmd.args(["netns", "exec", &self.cfg.netns]);
+        if let Some(d) = &self.daemon {
+            cmd.arg("env")
+                .arg(format!("ROCECTL_DAEMON_SOCKET={}", d.socket.display()));
+        }
+        cmd.args(["sh", "-c", shell_cmd])
             .current_dir(&self.cfg.out_dir);
         cmd
     }

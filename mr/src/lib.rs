@@ -64,4 +64,4 @@ mod table;
 pub use access::Access;
 pub use error::{AccessError, BindError, DeregisterError, InvalidateError, PdError, RegisterError};
 pub use key::{Key, MwType, Origin, Pd};
-pub use table::{BindMw, Checked, FastReg, MrTable, MAX_CAPACITY};
+pub use table::{BindMw, Checked, FastReg, MrTable, RegionInfo, MAX_CAPACITY};

@@ -125,6 +125,21 @@ pub struct FastReg {
     pub access: Access,
 }
 
+/// A registered region as [`MrTable::regions`] lists it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct RegionInfo {
+    /// Its key (lkey and rkey are the same number).
+    pub key: Key,
+    /// Its protection domain.
+    pub pd: Pd,
+    /// IOVA of its first byte.
+    pub iova: u64,
+    /// Its length.
+    pub len: u64,
+    /// Its access rights.
+    pub access: Access,
+}
+
 /// Parameters of a memory-window bind (`ibv_bind_mw` / BIND_MW work request).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct BindMw {
@@ -182,6 +197,29 @@ impl MrTable {
             slots,
             ctrl: Mutex::new(ctrl),
         }
+    }
+
+    /// Every valid memory region, in key-index order: a snapshot for views and diagnostics
+    /// (`rocectl res show mr`). Windows are not listed.
+    pub fn regions(&self) -> Vec<RegionInfo> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(index, slot)| {
+                let entry = slot.entry.read().unwrap_or_else(PoisonError::into_inner);
+                match &entry.obj {
+                    Object::Mr(m) if m.valid => Some(RegionInfo {
+                        // INVARIANT: slots.len() <= MAX_CAPACITY + 1 < 2^24.
+                        key: Key::new(u32::try_from(index).unwrap_or(u32::MAX), entry.key),
+                        pd: m.pd,
+                        iova: m.iova,
+                        len: m.len,
+                        access: m.access,
+                    }),
+                    _ => None,
+                }
+            })
+            .collect()
     }
 
     /// How many regions and windows the table can hold.
@@ -1194,6 +1232,34 @@ mod tests {
 
     fn err(r: Result<Checked<'_>, AccessError>) -> AccessError {
         r.expect_err("access must fail")
+    }
+
+    #[test]
+    fn regions_lists_the_valid_regions_with_their_keys() {
+        let (t, pd) = table();
+        let a = t.register_zeroed(pd, 100, 0x1000, RW).unwrap();
+        let b = t
+            .register_zeroed(pd, 8, 0x9000, Access::LOCAL_WRITE)
+            .unwrap();
+        let w = t.alloc_mw(pd, MwType::Type2).unwrap();
+        let list = t.regions();
+        assert_eq!(list.len(), 2, "{list:?}");
+        assert!(list.windows(2).all(|p| p[0].key.index() < p[1].key.index()));
+        let of = |k: Key| *list.iter().find(|r| r.key == k).expect("listed");
+        assert_eq!(
+            of(a),
+            RegionInfo {
+                key: a,
+                pd,
+                iova: 0x1000,
+                len: 100,
+                access: RW
+            }
+        );
+        assert_eq!((of(b).iova, of(b).len), (0x9000, 8));
+        assert!(list.iter().all(|r| r.key != w));
+        t.deregister(a).unwrap();
+        assert_eq!(t.regions().iter().map(|r| r.key).collect::<Vec<_>>(), [b]);
     }
 
     #[test]

@@ -60,6 +60,62 @@ pub enum WcStatus {
 }
 
 impl WcStatus {
+    /// Every status, in value order (0..=21).
+    pub const ALL: [Self; 22] = [
+        Self::Success,
+        Self::LocLenErr,
+        Self::LocQpOpErr,
+        Self::LocEecOpErr,
+        Self::LocProtErr,
+        Self::WrFlushErr,
+        Self::MwBindErr,
+        Self::BadRespErr,
+        Self::LocAccessErr,
+        Self::RemInvReqErr,
+        Self::RemAccessErr,
+        Self::RemOpErr,
+        Self::RetryExcErr,
+        Self::RnrRetryExcErr,
+        Self::LocRddViolErr,
+        Self::RemInvRdReqErr,
+        Self::RemAbortErr,
+        Self::InvEecnErr,
+        Self::InvEecStateErr,
+        Self::FatalErr,
+        Self::RespTimeoutErr,
+        Self::GeneralErr,
+    ];
+
+    /// The text `ibv_wc_status_str` gives (rdma-core `libibverbs/enum_strs.c`, unchanged from
+    /// v44 to v64), so that logs read like the stock tools' `Failed status %s (%d)`. Also
+    /// what [`Display`](core::fmt::Display) prints.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::LocLenErr => "local length error",
+            Self::LocQpOpErr => "local QP operation error",
+            Self::LocEecOpErr => "local EE context operation error",
+            Self::LocProtErr => "local protection error",
+            Self::WrFlushErr => "Work Request Flushed Error",
+            Self::MwBindErr => "memory management operation error",
+            Self::BadRespErr => "bad response error",
+            Self::LocAccessErr => "local access error",
+            Self::RemInvReqErr => "remote invalid request error",
+            Self::RemAccessErr => "remote access error",
+            Self::RemOpErr => "remote operation error",
+            Self::RetryExcErr => "transport retry counter exceeded",
+            Self::RnrRetryExcErr => "RNR retry counter exceeded",
+            Self::LocRddViolErr => "local RDD violation error",
+            Self::RemInvRdReqErr => "remote invalid RD request",
+            Self::RemAbortErr => "aborted error",
+            Self::InvEecnErr => "invalid EE context number",
+            Self::InvEecStateErr => "invalid EE context state",
+            Self::FatalErr => "fatal error",
+            Self::RespTimeoutErr => "response timeout error",
+            Self::GeneralErr => "general error",
+        }
+    }
+
     /// The status of a local work request whose SGE (lkey) the key table refused: bad lkey, PD,
     /// rights or range are LOC_PROT_ERR (rxe: copy to/from the SGE failed); atomic-format
     /// errors are LOC_QP_OP_ERR.
@@ -90,6 +146,18 @@ impl WcStatus {
         match Self::of_nak(e.responder_nak()) {
             Some(status) => status,
             None => Self::RemAccessErr,
+        }
+    }
+}
+
+/// `ibv_wc_status_str`'s text ([`WcStatus::as_str`]); `{:#}` adds the value as the stock
+/// tools print it: `transport retry counter exceeded (12)`.
+impl core::fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        if f.alternate() {
+            write!(f, "{} ({})", self.as_str(), *self as u8)
+        } else {
+            f.write_str(self.as_str())
         }
     }
 }
@@ -472,6 +540,12 @@ pub struct RecvWr {
 }
 
 impl RecvWr {
+    /// A receive work request with a scatter list (`ibv_recv_wr { wr_id, sg_list }`); an
+    /// empty list accepts only zero-length messages (and WRITE_WITH_IMM's immediate).
+    pub fn new(wr_id: u64, sges: Vec<Sge>) -> Self {
+        Self { wr_id, sges }
+    }
+
     /// Total capacity.
     pub fn len(&self) -> u64 {
         self.sges.iter().map(|s| u64::from(s.length)).sum()
@@ -560,4 +634,73 @@ pub enum CqSide {
     Send,
     /// The receive CQ.
     Recv,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `wc_status_str[]` of `ibv_wc_status_str`, copied from rdma-core v44.0
+    /// `libibverbs/enum_strs.c` (identical in v64.0), indexed by `enum ibv_wc_status`. The
+    /// last two (`IBV_WC_TM_ERR`, `IBV_WC_TM_RNDV_INCOMPLETE`) are tag-matching statuses
+    /// rocectl never produces, so [`WcStatus`] has no variant for them.
+    const RDMA_CORE: [&str; 24] = [
+        "success",
+        "local length error",
+        "local QP operation error",
+        "local EE context operation error",
+        "local protection error",
+        "Work Request Flushed Error",
+        "memory management operation error",
+        "bad response error",
+        "local access error",
+        "remote invalid request error",
+        "remote access error",
+        "remote operation error",
+        "transport retry counter exceeded",
+        "RNR retry counter exceeded",
+        "local RDD violation error",
+        "remote invalid RD request",
+        "aborted error",
+        "invalid EE context number",
+        "invalid EE context state",
+        "fatal error",
+        "response timeout error",
+        "general error",
+        "TM error",
+        "TM software rendezvous",
+    ];
+
+    #[test]
+    fn wc_status_display_is_ibv_wc_status_str() {
+        for (i, status) in WcStatus::ALL.iter().enumerate() {
+            assert_eq!(*status as usize, i, "ALL is in value order");
+            assert_eq!(status.to_string(), RDMA_CORE[i], "{status:?}");
+            assert_eq!(status.as_str(), RDMA_CORE[i]);
+        }
+        assert_eq!(
+            format!("{:#}", WcStatus::RetryExcErr),
+            "transport retry counter exceeded (12)"
+        );
+        assert_eq!(format!("{:#}", WcStatus::Success), "success (0)");
+    }
+
+    #[test]
+    fn recv_wr_new_holds_its_fields() {
+        let sge = Sge {
+            addr: 0x1000,
+            length: 64,
+            lkey: LKey::new(7),
+        };
+        let wr = RecvWr::new(9, vec![sge, sge]);
+        assert_eq!(
+            wr,
+            RecvWr {
+                wr_id: 9,
+                sges: vec![sge, sge]
+            }
+        );
+        assert_eq!(wr.len(), 128);
+        assert!(RecvWr::new(1, vec![]).is_empty());
+    }
 }

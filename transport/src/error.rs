@@ -17,7 +17,9 @@ pub enum OpenError {
     },
     /// The local address is not configured on any interface.
     #[error(
-        "{addr} is not an address of this host (configure it, or pick another with -a/--local)"
+        "{ip} is not an address of this host: configure it on an interface (`ip addr add`) or \
+         use one it has (`ip -br addr`)",
+        ip = addr.ip()
     )]
     AddrNotAvailable {
         /// The address.
@@ -30,6 +32,33 @@ pub enum OpenError {
         name: String,
         /// The names that exist.
         available: String,
+    },
+    /// A GID index past the interface's GID table ([`crate::DeviceConfig::interface`]).
+    #[error(
+        "GID index {index} does not exist on {ifname}: its GID table has {len} entries: {table}"
+    )]
+    NoSuchGid {
+        /// The interface.
+        ifname: String,
+        /// The index asked for.
+        index: u8,
+        /// The table's length.
+        len: usize,
+        /// The table, `index gid` per entry.
+        table: String,
+    },
+    /// A GID the device cannot send from ([`crate::DeviceConfig::interface`]): its address
+    /// is not configured, or it is link-local.
+    #[error("GID index {index} of {ifname} ({gid}) cannot be used: {reason}")]
+    UnusableGid {
+        /// The interface.
+        ifname: String,
+        /// The index.
+        index: u8,
+        /// Its GID.
+        gid: roce_wire::Gid,
+        /// Why.
+        reason: &'static str,
     },
     /// The `raw` backend needs `CAP_NET_RAW`.
     #[error(

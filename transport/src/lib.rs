@@ -41,6 +41,8 @@
 //! let qp_b = pd_b.create_qp(&QpInit::new(QpType::Rc, &cq_b)).unwrap();
 //!
 //! // The out-of-band exchange, done by hand: each side learns the other's QPN, PSN and GID.
+//! // Between processes, ship `qp.endpoint(psn)` in one of `RemoteQp`'s serialised forms
+//! // (serde, 24 bytes, or rc_pingpong's text): see `examples/rdma_write.rs`.
 //! let opts = ConnectOptions::default();
 //! qp_a.connect(&RemoteQp { qpn: qp_b.qpn(), psn: opts.local_psn, gid: b.local_gid() }, &opts).unwrap();
 //! qp_b.connect(&RemoteQp { qpn: qp_a.qpn(), psn: opts.local_psn, gid: a.local_gid() }, &opts).unwrap();
@@ -84,7 +86,7 @@ pub use device::{
 };
 pub use error::{OpenError, VerbsError};
 pub use netdev::{GidEntry, GidType};
-pub use roce_mr::{Access, AccessError};
+pub use roce_mr::{Access, AccessError, RegisterError};
 pub use roce_qp::state::{AttrMask, ModifyError, QpAttr};
 pub use roce_qp::verbs::{
     AddressHandle, Completion, FlushLevel, FlushPlacement, Mtu, QpState, QpType, RecvWr, SendData,
@@ -94,5 +96,5 @@ pub use roce_qp::{Event, PostError, QpConfig, QpStats};
 pub use roce_wire::{Gid, LKey, Psn, QKey, Qpn, RKey};
 pub use verbs::{
     CompletionQueue, ConnectOptions, MemoryRegion, ProtectionDomain, QpInit, QueuePair, RemoteQp,
-    SharedReceiveQueue,
+    RemoteQpParseError, SharedReceiveQueue,
 };

@@ -61,9 +61,25 @@ pub(crate) fn errno_of_verbs(e: &VerbsError) -> i32 {
         VerbsError::MtuTooLarge { .. } => libc::EINVAL,
         VerbsError::WrongDevice(_) => libc::EINVAL,
         VerbsError::Modify(_) => libc::EINVAL,
+        VerbsError::Register(roce_transport::RegisterError::TableFull) => libc::ENOMEM,
         VerbsError::Register(_) => libc::EINVAL,
+        VerbsError::DaemonRefused(c) => errno_of_refusal(c),
         VerbsError::Io(io) => io.raw_os_error().unwrap_or(libc::EIO),
         _ => libc::EINVAL,
+    }
+}
+
+/// The errno value for a request the rocectl daemon refused: a limit or an exhausted QPN space
+/// is `ENOMEM`, as a NIC out of resources answers `ibv_create_qp`; a policy refusal `EPERM`;
+/// a protocol mismatch `EPROTO`; the rest `EIO`.
+pub(crate) fn errno_of_refusal(e: &roce_transport::control::ControlError) -> i32 {
+    use roce_transport::control::ControlError as C;
+    match e {
+        C::LimitExceeded { .. } | C::NoFreeRange { .. } => libc::ENOMEM,
+        C::Forbidden { .. } => libc::EPERM,
+        C::VersionMismatch { .. } => libc::EPROTO,
+        C::NotImplemented { .. } => libc::EOPNOTSUPP,
+        _ => libc::EIO,
     }
 }
 
@@ -83,6 +99,8 @@ pub(crate) fn errno_of_open(e: &OpenError) -> i32 {
         OpenError::NoSuchInterface { .. } => libc::ENODEV,
         OpenError::NoRawPermission => libc::EPERM,
         OpenError::Unsupported(_) => libc::EOPNOTSUPP,
+        // The daemon's socket exists but it does not answer, or refuses the device.
+        OpenError::Daemon { .. } => libc::EIO,
         OpenError::Io(io) => io.raw_os_error().unwrap_or(libc::EIO),
         _ => libc::EINVAL,
     }
@@ -93,5 +111,39 @@ pub(crate) fn trace(args: std::fmt::Arguments<'_>) {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if *ON.get_or_init(|| std::env::var_os("ROCECTL_VERBS_TRACE").is_some()) {
         eprintln!("rocectl libibverbs: {args}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roce_transport::control::{ControlError, Resource, Scope};
+
+    #[test]
+    fn daemon_refusals_map_to_the_errno_a_nic_would_give() {
+        let limit = ControlError::LimitExceeded {
+            resource: Resource::Qps,
+            scope: Scope::Client,
+            limit: 2,
+            in_use: 2,
+            requested: 1,
+        };
+        assert_eq!(
+            errno_of_verbs(&VerbsError::DaemonRefused(limit)),
+            libc::ENOMEM
+        );
+        let forbidden = ControlError::Forbidden {
+            reason: "another uid".into(),
+        };
+        assert_eq!(
+            errno_of_verbs(&VerbsError::DaemonRefused(forbidden)),
+            libc::EPERM
+        );
+        assert_eq!(
+            errno_of_verbs(&VerbsError::Register(
+                roce_transport::RegisterError::TableFull
+            )),
+            libc::ENOMEM
+        );
     }
 }

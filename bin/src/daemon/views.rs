@@ -39,7 +39,7 @@ pub(crate) enum ResObject {
     Qp,
     /// Completion queues
     Cq,
-    /// Memory regions
+    /// Memory regions, one line each (`mrn rkey lkey mrlen pdn`, as `rdma resource show mr`)
     Mr,
     /// Protection domains
     Pd,
@@ -160,6 +160,20 @@ fn res_rows(object: Option<ResObject>, clients: &[ClientView]) -> Vec<Row> {
                         ("state".to_owned(), json!(q.state)),
                         ("sq-psn".to_owned(), json!(q.sq_psn)),
                         ("rq-psn".to_owned(), json!(q.rq_psn)),
+                    ]);
+                    ident(&mut row, c);
+                    rows.push(row);
+                }
+            }
+            Some(ResObject::Mr) if !c.report.mrs.is_empty() => {
+                for m in &c.report.mrs {
+                    let mut row = link(c);
+                    row.extend([
+                        ("mrn".to_owned(), json!(m.mrn)),
+                        ("rkey".to_owned(), json!(format!("{:#x}", m.rkey))),
+                        ("lkey".to_owned(), json!(format!("{:#x}", m.lkey))),
+                        ("mrlen".to_owned(), json!(m.mrlen)),
+                        ("pdn".to_owned(), json!(m.pdn)),
                     ]);
                     ident(&mut row, c);
                     rows.push(row);

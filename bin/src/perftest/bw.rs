@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use roce_transport::{Completion, PostError, QpType};
 
+use super::chk::{self, Filler, Kind, Record, Verdict};
 use super::report::{self, BwResult, Json};
 use super::session::{ok, wait_cq, Session};
 use super::Config;
@@ -53,7 +54,16 @@ fn client(s: &mut Session, cfg: &Config) -> anyhow::Result<()> {
     let sizes = s.sizes.clone();
     let mut last = BwResult::default();
     let mut json_lines = Vec::new();
+    let mut filler = None;
     for (k, &size) in sizes.iter().enumerate() {
+        if cfg.chk {
+            // The base pattern goes in before the peer is let go (one size with --chk).
+            let (slots, step) = s.places(size);
+            let f = Filler::new(s.half, size, slots, step)?;
+            s.mr.write(0, f.base())
+                .context("writing the --chk pattern")?;
+            filler = Some(f);
+        }
         if !s.next_traffic()? {
             bail!("the exchange plan has no traffic step for size {size}");
         }
@@ -61,23 +71,124 @@ fn client(s: &mut Session, cfg: &Config) -> anyhow::Result<()> {
             header(cfg);
         }
         if cfg.tool != Tool::SendBw {
-            warm_up(s, cfg, size)?;
+            warm_up(s, cfg, size, filler.as_mut())?;
         }
-        let r = client_iter(s, cfg, size)?;
+        let r = client_iter(s, cfg, size, filler.as_mut())?;
         println!("{}", report::bw_line(&r.report(cfg.gbits)));
         json_lines.push(json(cfg, s, &r, None));
         last = r;
     }
+    let verdict = match &filler {
+        Some(f) => Some(client_check(s, cfg, f)?),
+        None => None,
+    };
     s.finish(&last.report(cfg.gbits), Timeout::After(cfg.timeout))?;
     println!("{}", report::RESULT_LINE);
     print_json(cfg, &json_lines);
+    if let Some(v) = verdict {
+        if !v.ok() {
+            bail!(
+                "--chk: the server found {} of the {} bytes of its buffer wrong",
+                v.bad,
+                v.bytes
+            );
+        }
+        println!(
+            " --chk: data verified by the server: all {} bytes of its buffer as expected",
+            v.bytes
+        );
+    }
+    Ok(())
+}
+
+fn chk_kind(cfg: &Config) -> Kind {
+    if cfg.tool == Tool::SendBw {
+        Kind::Send
+    } else {
+        Kind::Write
+    }
+}
+
+/// Stamps the messages of requests `first..end` before they are posted (`--chk`).
+fn stamp(s: &Session, chk: Option<&mut Filler>, first: u64, end: u64) -> anyhow::Result<()> {
+    if let Some(f) = chk {
+        for (off, bytes) in f.batch(first, end) {
+            s.mr.write(off as usize, bytes)
+                .context("writing the --chk stamps")?;
+        }
+    }
+    Ok(())
+}
+
+/// The client's half of the check: sends the record, receives the server's verdict.
+fn client_check(s: &mut Session, cfg: &Config, f: &Filler) -> anyhow::Result<Verdict> {
+    let rec = f.record(chk_kind(cfg), cfg.iters);
+    let wait = Timeout::After(cfg.timeout);
+    let mut ack = [0u8; 8];
+    s.chk_xchg(&rec.to_bytes(), &mut ack, wait, "sending the check record")?;
+    if ack != chk::PING {
+        bail!("--chk: the server did not acknowledge the check record (does it run with --chk?)");
+    }
+    let mut v = [0u8; chk::VERDICT_LEN];
+    s.chk_xchg(&chk::PING, &mut v, wait, "the server's verdict")?;
+    Verdict::parse(&v)
+}
+
+/// The server's half of the check: waits (up to `wait`) for the client's record, compares
+/// the whole buffer, sends the verdict. Returns both.
+fn server_check(s: &mut Session, cfg: &Config, wait: Timeout) -> anyhow::Result<(Record, Verdict)> {
+    let mut raw = [0u8; chk::RECORD_LEN];
+    s.chk_xchg(&chk::PING, &mut raw, wait, "the client's check record")?;
+    let rec = Record::parse(&raw)?;
+    if rec.kind != chk_kind(cfg) {
+        bail!(
+            "--chk: the client's record is for another test ({:?})",
+            rec.kind
+        );
+    }
+    if let Some(o) = cfg.chk_corrupt {
+        let o = usize::try_from(o).unwrap_or(usize::MAX);
+        let mut b = [0u8; 1];
+        s.mr.read(o, &mut b)
+            .context("--chk-corrupt: offset outside the buffer")?;
+        s.mr.write(o, &[b[0] ^ 0x5A]).context("--chk-corrupt")?;
+    }
+    let v = rec.verify(&s.mr.to_vec(), s.half)?;
+    let mut ping = [0u8; 8];
+    s.chk_xchg(
+        &v.to_bytes(),
+        &mut ping,
+        Timeout::After(cfg.timeout),
+        "sending the verdict",
+    )?;
+    Ok((rec, v))
+}
+
+/// Prints the server's verdict; an error if any byte differs.
+fn server_verdict(rec: &Record, v: &Verdict) -> anyhow::Result<()> {
+    if !v.ok() {
+        bail!(
+            "--chk: data check failed: {} of the {} bytes of the buffer differ; the first at \
+             offset {}: {}",
+            v.bad,
+            v.bytes,
+            v.first_bad.unwrap_or(0),
+            v.detail.as_deref().unwrap_or("?")
+        );
+    }
+    println!(
+        " --chk: data verified: all {} bytes of the buffer as expected ({} messages of {} \
+         bytes, seed {:#018x})",
+        v.bytes, rec.iters, rec.size, rec.seed
+    );
     Ok(())
 }
 
 /// perftest's `perform_warm_up`: a window of requests, all waited for, before timing (at most
 /// 16 MiB of them).
-fn warm_up(s: &Session, cfg: &Config, size: u64) -> anyhow::Result<()> {
+fn warm_up(s: &Session, cfg: &Config, size: u64, chk: Option<&mut Filler>) -> anyhow::Result<()> {
     let n = (cfg.tx_depth as u64).min((16 << 20) / size.max(1)).max(1);
+    stamp(s, chk, 0, n)?;
     let wrs = (0..n).map(|i| s.send_wr(cfg.tool, cfg.atomic, i, size, true));
     let posted = match s.qp.post_send_batch(wrs) {
         Ok(k) | Err((k, PostError::QueueFull)) => k as u64,
@@ -98,7 +209,12 @@ fn warm_up(s: &Session, cfg: &Config, size: u64) -> anyhow::Result<()> {
 }
 
 /// One size: `-n` requests, a window of `-t`.
-fn client_iter(s: &Session, cfg: &Config, size: u64) -> anyhow::Result<BwResult> {
+fn client_iter(
+    s: &Session,
+    cfg: &Config,
+    size: u64,
+    mut chk: Option<&mut Filler>,
+) -> anyhow::Result<BwResult> {
     let n = usize::try_from(cfg.iters).context("-n too large")?;
     let depth = cfg.tx_depth;
     let cq_mod = cfg.cq_mod as usize;
@@ -113,6 +229,7 @@ fn client_iter(s: &Session, cfg: &Config, size: u64) -> anyhow::Result<BwResult>
         let room = depth.saturating_sub(scnt - ccnt).min(n - scnt);
         if room > 0 {
             let first = scnt;
+            stamp(s, chk.as_deref_mut(), first as u64, (first + room) as u64)?;
             let wrs = (first..first + room).map(|i| {
                 let signaled = i % cq_mod == cq_mod - 1 || i == n - 1;
                 s.send_wr(cfg.tool, cfg.atomic, i as u64, size, signaled)
@@ -185,9 +302,17 @@ fn send_server(s: &mut Session, cfg: &Config) -> anyhow::Result<()> {
         }
         json_lines.push(json(cfg, s, &r, Some(lost)));
     }
+    let checked = if cfg.chk {
+        Some(server_check(s, cfg, Timeout::After(cfg.timeout))?)
+    } else {
+        None
+    };
     s.finish(&BwReport::default(), Timeout::After(cfg.timeout))?;
     println!("{}", report::RESULT_LINE);
     print_json(cfg, &json_lines);
+    if let Some((rec, v)) = checked {
+        server_verdict(&rec, &v)?;
+    }
     Ok(())
 }
 
@@ -288,6 +413,11 @@ fn passive_server(s: &mut Session, cfg: &Config) -> anyhow::Result<()> {
     header(cfg);
     // The client's traffic runs now (every size); its next barrier ends it, however long it
     // takes.
+    let checked = if cfg.chk {
+        Some(server_check(s, cfg, Timeout::Never)?)
+    } else {
+        None
+    };
     let theirs = s
         .finish(&BwReport::default(), Timeout::Never)?
         .unwrap_or_default();
@@ -311,6 +441,9 @@ fn passive_server(s: &mut Session, cfg: &Config) -> anyhow::Result<()> {
             .counters(&s.dev)
             .finish();
         println!("{j}");
+    }
+    if let Some((rec, v)) = checked {
+        server_verdict(&rec, &v)?;
     }
     Ok(())
 }

@@ -19,6 +19,7 @@
 //! [`CompletionQueue::wait`]: roce_transport::CompletionQueue::wait
 
 mod bw;
+mod chk;
 mod lat;
 mod report;
 mod session;
@@ -184,6 +185,16 @@ pub(crate) struct PerfArgs {
     /// Who drives the engine (default: the tool's polling where it polls, else a thread)
     #[arg(long, value_enum, hide = true)]
     progress: Option<ProgressArg>,
+    /// Check the data (a rocectl extension, perftest has none; write-bw and send-bw over RC,
+    /// one size, both sides): the client sends data from a random seed, stamped anew for
+    /// every batch; at the end the server compares its whole buffer byte for byte with what
+    /// the last request at each place must have left (and zeros elsewhere), and both sides
+    /// exit with status 1 on any difference
+    #[arg(long)]
+    chk: bool,
+    /// Testing --chk: the server flips the byte at this offset of its buffer before checking
+    #[arg(long, hide = true, value_name = "OFFSET")]
+    chk_corrupt: Option<u64>,
     /// RC requester window: packets in flight without an ACK (QpConfig::max_inflight_packets)
     #[arg(long, hide = true)]
     inflight: Option<u32>,
@@ -227,6 +238,10 @@ pub(crate) struct Config {
     inflight: Option<u32>,
     ack_every: Option<u32>,
     qp_timeout: u8,
+    /// `--chk`.
+    chk: bool,
+    /// `--chk-corrupt`.
+    chk_corrupt: Option<u64>,
 }
 
 impl Tool {
@@ -299,6 +314,22 @@ impl Config {
         }
         if a.outs == Some(0) || a.tx_depth == 0 || a.rx_depth == 0 || a.cq_mod == 0 {
             bail!("-o, -t, -r and -Q must be at least 1");
+        }
+        if a.chk {
+            if !matches!(tool, Tool::WriteBw | Tool::SendBw) {
+                bail!("--chk is for write-bw and send-bw (the pingpongs have their own)");
+            }
+            if conn != ConnType::Rc {
+                bail!(
+                    "--chk needs -c RC (UC and UD may lose messages, so the last one is not known)"
+                );
+            }
+            if a.all {
+                bail!("--chk checks one message size: drop -a");
+            }
+        }
+        if a.chk_corrupt.is_some() && (!a.chk || role != Role::Server) {
+            bail!("--chk-corrupt is for a --chk server");
         }
         let iters = a.iters.unwrap_or(if bw { 5_000 } else { 1_000 });
         if iters == 0 || (!bw && iters < 2) {
@@ -412,6 +443,8 @@ impl Config {
             inflight: a.inflight,
             ack_every: a.ack_every,
             qp_timeout: a.qp_timeout,
+            chk: a.chk,
+            chk_corrupt: a.chk_corrupt,
         })
     }
 }

@@ -347,12 +347,38 @@ impl Session {
     /// `increase_loc_addr`/`increase_rem_addr`, a cache-line-rounded step that wraps inside
     /// the cycle buffer when a message fits in half of it, else always 0.
     pub(crate) fn offset(&self, i: u64, size: u64) -> u64 {
+        let (slots, step) = self.places(size);
+        (i % slots) * step
+    }
+
+    /// The places messages of `size` bytes take in a half of the buffer: `(slots, step)`,
+    /// message `i` at `(i % slots) * step` ([`Self::offset`]).
+    pub(crate) fn places(&self, size: u64) -> (u64, u64) {
         if size > self.cycle_buffer / 2 {
-            return 0;
+            return (1, 0);
         }
         let step = size.next_multiple_of(self.cache_line).max(self.cache_line);
-        let slots = (self.cycle_buffer / step).max(1);
-        (i % slots) * step
+        ((self.cycle_buffer / step).max(1), step)
+    }
+
+    /// One `--chk` exchange on the out-of-band connection (the client writes `mine` then
+    /// reads, the server the reverse), each read bounded by `wait`.
+    ///
+    /// # Errors
+    /// The exchange's (a peer without `--chk` answers nothing or something else).
+    pub(crate) fn chk_xchg(
+        &mut self,
+        mine: &[u8],
+        theirs: &mut [u8],
+        wait: Timeout,
+        what: &'static str,
+    ) -> anyhow::Result<()> {
+        let conn = self.conn.as_mut().context("exchange already closed")?;
+        conn.set_timeout(wait);
+        with_progress(&self.dev, self.progress, || {
+            conn.xchg(mine, theirs, what)
+                .with_context(|| format!("--chk: {what} (does the peer run with --chk?)"))
+        })
     }
 
     /// The work request for message `i` of `tool`.
@@ -546,7 +572,8 @@ fn open_device(cfg: &Config, peer: Option<IpAddr>) -> anyhow::Result<(Device, u8
         .unwrap_or_else(|_| "rocectl0".into());
     let mut config = DeviceConfig::udp(ip).name(name).progress(cfg.progress);
     config.capture = crate::signals::open_capture(cfg.pcap.as_deref(), &config.name)?;
-    let dev = Device::open(config).with_context(|| format!("opening the device on {ip}"))?;
+    let dev = Device::open(config)
+        .with_context(|| format!("opening the device on {ip} (--local {ip})"))?;
     let index = dev.local_gid_index().unwrap_or(0);
     let gid = dev.local_gid();
     Ok((dev, index, gid))

@@ -330,9 +330,24 @@ fn snapshot(s: &DeviceShared) -> Report {
     let live: Vec<_> = e.ep.qps.values().map(|s| s.qp.stats()).collect();
     let counters = Counters::collect(&e.ep.counters, live.iter().chain(e.ep.retired.iter()));
     drop(e);
+    let regions = s.table.regions();
+    let mrs = regions
+        .iter()
+        .take(super::proto::MAX_REPORTED_MRS)
+        .map(|r| super::proto::MrView {
+            mrn: r.key.index(),
+            rkey: r.key.0,
+            lkey: r.key.0,
+            mrlen: r.len,
+            pdn: r.pd.number(),
+            iova: r.iova,
+        })
+        .collect();
     Report {
         device: s.name.clone(),
         qps,
+        mrs,
+        mrs_total: u32::try_from(regions.len()).unwrap_or(u32::MAX),
         pds: s
             .daemon
             .as_ref()

@@ -23,6 +23,7 @@ pub use client::{
     SOCKET_ENV,
 };
 pub use proto::{
-    ClientView, ControlError, DaemonStats, Hello, Lease, Mode, Objects, QpView, Reply, Report,
-    Request, Resource, Role, Scope, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+    ClientView, ControlError, DaemonStats, Hello, Lease, Mode, MrView, Objects, QpView, Reply,
+    Report, Request, Resource, Role, Scope, Welcome, MAX_REPORTED_MRS, PROTOCOL_MAJOR,
+    PROTOCOL_MINOR,
 };

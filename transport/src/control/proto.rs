@@ -181,6 +181,26 @@ pub struct QpView {
     pub rq_psn: u32,
 }
 
+/// The most memory regions one report lists.
+pub const MAX_REPORTED_MRS: usize = 4096;
+
+/// One memory region as `rocectl res show mr` shows it (`rdma resource show mr`'s columns).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MrView {
+    /// The region's number (its key's table index).
+    pub mrn: u32,
+    /// Its rkey.
+    pub rkey: u32,
+    /// Its lkey (the same number as the rkey).
+    pub lkey: u32,
+    /// Its length in bytes.
+    pub mrlen: u64,
+    /// Its protection domain's number.
+    pub pdn: u32,
+    /// IOVA of its first byte.
+    pub iova: u64,
+}
+
 /// What a client pushes for the views (a snapshot; the daemon keeps the last one).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
@@ -193,6 +213,12 @@ pub struct Report {
     /// Protection domains (not limited, only shown).
     #[serde(default)]
     pub pds: u32,
+    /// The registered memory regions (at most [`MAX_REPORTED_MRS`]; `mrs_total` counts all).
+    #[serde(default)]
+    pub mrs: Vec<MrView>,
+    /// How many regions the device has (more than `mrs.len()` when the list was cut).
+    #[serde(default)]
+    pub mrs_total: u32,
     /// The device's counters (`rdma statistic` names), in the device's order.
     #[serde(default)]
     pub counters: Vec<(String, u64)>,

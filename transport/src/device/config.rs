@@ -12,6 +12,8 @@ use crate::clock::Clock;
 use crate::datapath::demux::Demux;
 use crate::datapath::sim::SimNetwork;
 use crate::datapath::Datapath;
+use crate::error::OpenError;
+use crate::netdev::NetdevError;
 
 /// Which datapath a device uses.
 #[derive(Debug)]
@@ -123,6 +125,74 @@ impl DeviceConfig {
             local,
             port: roce_wire::frame::ROCEV2_PORT,
         })
+    }
+
+    /// A `udp` device on the address of GID index `gid_index` of the network interface
+    /// `ifname`, named after the interface: what `ibv_open_device` on the rxe device of that
+    /// interface plus GID index `gid_index` give a verbs program (`ibv_rc_pingpong -d rxe0 -g 1`).
+    ///
+    /// The GID table is the one Linux rdma_rxe builds for the interface
+    /// ([`crate::netdev::NetDevice::gid_table`]): 0 is the link-local `fe80::` GID (not
+    /// usable: rocectl cannot send from a link-local address), then one IPv4-mapped GID per
+    /// IPv4 address, then the other IPv6 addresses; on an interface with one IPv4 address
+    /// index 1 is that address. `rocectl devinfo -d IFNAME -v` prints the table.
+    ///
+    /// For the `raw` backend on the same address, take the IP from the table yourself and use
+    /// [`Backend::Raw`].
+    ///
+    /// ```no_run
+    /// use roce_transport::{Device, DeviceConfig, Progress};
+    /// let config = DeviceConfig::interface("eth0", 1)?.progress(Progress::Manual);
+    /// let dev = Device::open(config)?;
+    /// # Ok::<(), roce_transport::OpenError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`OpenError::NoSuchInterface`] (listing the interfaces), [`OpenError::NoSuchGid`]
+    /// (with the table), [`OpenError::UnusableGid`] for the link-local GID or an address the
+    /// interface no longer has, [`OpenError::Io`] if the interfaces cannot be listed.
+    pub fn interface(ifname: &str, gid_index: u8) -> Result<Self, OpenError> {
+        let dev = crate::netdev::interface(ifname).map_err(|e| match e {
+            NetdevError::NoSuchInterface { name, available } => OpenError::NoSuchInterface {
+                name,
+                available: available.join(", "),
+            },
+            other => OpenError::Io(other.into()),
+        })?;
+        let table = dev.gid_table();
+        let Some(entry) = table.iter().find(|e| e.index == gid_index) else {
+            let listing: Vec<String> = table
+                .iter()
+                .map(|e| format!("[{}] {}", e.index, e.gid))
+                .collect();
+            return Err(OpenError::NoSuchGid {
+                ifname: ifname.to_owned(),
+                index: gid_index,
+                len: table.len(),
+                table: listing.join(", "),
+            });
+        };
+        let ip = entry.gid.to_ip();
+        let unusable = |reason| OpenError::UnusableGid {
+            ifname: ifname.to_owned(),
+            index: gid_index,
+            gid: entry.gid,
+            reason,
+        };
+        if let IpAddr::V6(v6) = ip {
+            if v6.segments()[0] & 0xFFC0 == 0xFE80 {
+                return Err(unusable(
+                    "it is link-local, and rocectl cannot send from a link-local address; use \
+                     an IPv4 or global IPv6 GID",
+                ));
+            }
+        }
+        if !dev.has_addr(ip) {
+            return Err(unusable(
+                "the interface does not have this address (not configured)",
+            ));
+        }
+        Ok(Self::udp(ip).name(ifname))
     }
 
     /// A `sim` device with address `local` on `net`.

@@ -111,6 +111,16 @@ pub struct Device {
 }
 
 impl Device {
+    /// Opens a `udp` device on GID index `gid_index` of the interface `ifname`: the verbs
+    /// habit of naming a device and a GID index. See [`DeviceConfig::interface`], which also
+    /// lets you set other options before opening.
+    ///
+    /// # Errors
+    /// As [`DeviceConfig::interface`] and [`Device::open`].
+    pub fn open_interface(ifname: &str, gid_index: u8) -> Result<Self, OpenError> {
+        Self::open(DeviceConfig::interface(ifname, gid_index)?)
+    }
+
     /// Opens a device.
     ///
     /// # Errors

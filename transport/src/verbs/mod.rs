@@ -16,5 +16,5 @@ mod srq;
 pub use cq::CompletionQueue;
 pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
-pub use qp::{ConnectOptions, QpInit, QueuePair, RemoteQp};
+pub use qp::{ConnectOptions, QpInit, QueuePair, RemoteQp, RemoteQpParseError};
 pub use srq::SharedReceiveQueue;

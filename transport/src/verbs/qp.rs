@@ -87,7 +87,37 @@ impl QpInit {
 }
 
 /// The far end of a connection, as the out-of-band exchange gives it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// Each side sends the other its own `RemoteQp` (its QPN, the first PSN it will send, its
+/// GID) over any channel the application has, then calls [`QueuePair::connect`] with the one
+/// it received. Three forms travel well:
+///
+/// - **serde** (`Serialize`/`Deserialize`): a struct `{ "qpn": 17, "psn": 6761004,
+///   "gid": "::ffff:127.0.0.2" }` (QPN and PSN as numbers, the GID in IPv6 text form), for
+///   JSON, a key-value store or any serde format;
+/// - **bytes** ([`RemoteQp::to_bytes`], [`RemoteQp::from_bytes`]): [`RemoteQp::WIRE_LEN`] = 24
+///   bytes, QPN (u32 big-endian), PSN (u32 big-endian), then the 16 GID bytes in order;
+/// - **text** ([`Display`](std::fmt::Display), [`FromStr`](std::str::FromStr)): the record
+///   of rdma-core's `ibv_rc_pingpong` exchange without its NUL, `LID:QPN:PSN:GID` as 4, 6, 6
+///   and 32 hex digits, the LID always `0000` on RoCE, e.g.
+///   `0000:000011:672a2c:00000000000000000000ffff7f000002` (51 characters).
+///
+/// Every parser checks that QPN and PSN fit in 24 bits.
+///
+/// ```
+/// use roce_transport::RemoteQp;
+/// let me = RemoteQp {
+///     qpn: roce_transport::Qpn::new(0x11),
+///     psn: roce_transport::Psn::new(0x67_2a2c),
+///     gid: "::ffff:127.0.0.2".parse().unwrap(),
+/// };
+/// let text = me.to_string();
+/// assert_eq!(text, "0000:000011:672a2c:00000000000000000000ffff7f000002");
+/// assert_eq!(text.parse::<RemoteQp>().unwrap(), me);
+/// assert_eq!(RemoteQp::from_bytes(&me.to_bytes()).unwrap(), me);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(into = "RemoteQpRepr", try_from = "RemoteQpRepr")]
 pub struct RemoteQp {
     /// Its QPN.
     pub qpn: Qpn,
@@ -97,7 +127,168 @@ pub struct RemoteQp {
     pub gid: Gid,
 }
 
+/// Why bytes or text are not a [`RemoteQp`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RemoteQpParseError {
+    /// The byte form is not exactly [`RemoteQp::WIRE_LEN`] bytes.
+    #[error("a remote QP is {expected} bytes, got {got}")]
+    Length {
+        /// [`RemoteQp::WIRE_LEN`].
+        expected: usize,
+        /// What was given.
+        got: usize,
+    },
+    /// A QPN or PSN above 2^24 - 1.
+    #[error("{field} {value:#x} does not fit in 24 bits")]
+    Range {
+        /// `"QPN"` or `"PSN"`.
+        field: &'static str,
+        /// The value.
+        value: u32,
+    },
+    /// The text is not `LLLL:QQQQQQ:PPPPPP:` followed by 32 hex digits.
+    #[error("expected LID:QPN:PSN:GID as 4:6:6:32 hex digits, got {0:?}")]
+    Text(String),
+    /// The GID of the serde form is not an IPv6 address in text form.
+    #[error("GID {0:?} is not an IPv6 address")]
+    Gid(String),
+}
+
+impl RemoteQp {
+    /// Length of the byte form ([`RemoteQp::to_bytes`]).
+    pub const WIRE_LEN: usize = 24;
+
+    /// The byte form: QPN and PSN as big-endian u32, then the GID's 16 bytes.
+    pub fn to_bytes(&self) -> [u8; Self::WIRE_LEN] {
+        let mut out = [0u8; Self::WIRE_LEN];
+        out[..4].copy_from_slice(&self.qpn.value().to_be_bytes());
+        out[4..8].copy_from_slice(&self.psn.value().to_be_bytes());
+        out[8..].copy_from_slice(&self.gid.0);
+        out
+    }
+
+    /// Parses the byte form.
+    ///
+    /// # Errors
+    /// [`RemoteQpParseError::Length`] unless exactly [`RemoteQp::WIRE_LEN`] bytes;
+    /// [`RemoteQpParseError::Range`] for a QPN or PSN above 24 bits.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, RemoteQpParseError> {
+        let Ok(b) = <&[u8; Self::WIRE_LEN]>::try_from(bytes) else {
+            return Err(RemoteQpParseError::Length {
+                expected: Self::WIRE_LEN,
+                got: bytes.len(),
+            });
+        };
+        let word = |at: usize| u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[8..]);
+        Self::checked(word(0), word(4), Gid(gid))
+    }
+
+    fn checked(qpn: u32, psn: u32, gid: Gid) -> Result<Self, RemoteQpParseError> {
+        for (field, value) in [("QPN", qpn), ("PSN", psn)] {
+            if value > Psn::MAX {
+                return Err(RemoteQpParseError::Range { field, value });
+            }
+        }
+        Ok(Self {
+            qpn: Qpn::new(qpn),
+            psn: Psn::new(psn),
+            gid,
+        })
+    }
+}
+
+/// The `ibv_rc_pingpong` record without its NUL: `0000:QQQQQQ:PPPPPP:` + 32 hex digits.
+impl std::fmt::Display for RemoteQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "0000:{:06x}:{:06x}:{}",
+            self.qpn.value(),
+            self.psn.value(),
+            self.gid.to_hex()
+        )
+    }
+}
+
+/// Parses the [`Display`](std::fmt::Display) form (hex digits in either case; the LID is
+/// read and ignored, as RoCE has none). A trailing NUL, as the pingpong tools send it, is
+/// accepted.
+impl std::str::FromStr for RemoteQp {
+    type Err = RemoteQpParseError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || RemoteQpParseError::Text(text.to_owned());
+        let trimmed = text.strip_suffix('\0').unwrap_or(text);
+        let fields: Vec<&str> = trimmed.split(':').collect();
+        let [lid, qpn, psn, gid] = fields[..] else {
+            return Err(bad());
+        };
+        let hex = |s: &str, width: usize| {
+            (s.len() == width && s.bytes().all(|c| c.is_ascii_hexdigit()))
+                .then(|| u32::from_str_radix(s, 16).ok())
+                .flatten()
+        };
+        let (Some(_), Some(qpn), Some(psn)) = (hex(lid, 4), hex(qpn, 6), hex(psn, 6)) else {
+            return Err(bad());
+        };
+        let gid = Gid::from_hex(gid).map_err(|_| bad())?;
+        Self::checked(qpn, psn, gid)
+    }
+}
+
+/// The serde form of [`RemoteQp`].
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RemoteQpRepr {
+    qpn: u32,
+    psn: u32,
+    gid: String,
+}
+
+impl From<RemoteQp> for RemoteQpRepr {
+    fn from(r: RemoteQp) -> Self {
+        Self {
+            qpn: r.qpn.value(),
+            psn: r.psn.value(),
+            gid: r.gid.to_string(),
+        }
+    }
+}
+
+impl TryFrom<RemoteQpRepr> for RemoteQp {
+    type Error = RemoteQpParseError;
+
+    fn try_from(r: RemoteQpRepr) -> Result<Self, Self::Error> {
+        let gid: Gid = r.gid.parse().map_err(|_| RemoteQpParseError::Gid(r.gid))?;
+        Self::checked(r.qpn, r.psn, gid)
+    }
+}
+
 /// Connection parameters for [`QueuePair::connect`].
+///
+/// # Retries: what happens when the peer is gone or not ready
+///
+/// The defaults are those of `ibv_rc_pingpong` and perftest, and they do not bound every
+/// wait:
+///
+/// - **No answer at all** (peer dead, firewall, link down): after each ACK timeout
+///   (`timeout`: 4.096 µs × 2^14 ≈ 67 ms) the requester resends from the oldest unacknowledged
+///   PSN, `retry_cnt` (7) times; then the work request completes with
+///   [`WcStatus::RetryExcErr`](crate::WcStatus::RetryExcErr) and the QP enters ERR (about
+///   0.5 s with the defaults).
+/// - **Receiver not ready** (a SEND or WRITE_WITH_IMM arrives where no receive is posted):
+///   the responder answers an RNR NAK carrying its `min_rnr_timer`; the requester waits that
+///   long and resends. **`rnr_retry` 7, the default, means retry forever**, as in verbs: a
+///   SEND to a peer that never posts a receive never completes (it shows up only as RNR NAK
+///   counters in [`QueuePair::stats`]). Set `rnr_retry` to 0..=6 to get
+///   [`WcStatus::RnrRetryExcErr`](crate::WcStatus::RnrRetryExcErr) after that many retries
+///   instead, or post receives before the peer can send (the usual verbs discipline: post
+///   receives, then exchange [`RemoteQp`]s). An application that must never wait forever also
+///   bounds its CQ waits ([`CompletionQueue::wait`]'s timeout).
+/// - `min_rnr_timer` is the delay *we* ask senders to wait after our RNR NAK (IBTA code 12 =
+///   0.64 ms; 0 means 655.36 ms).
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectOptions {
     /// Path MTU (default: the device's active MTU).
@@ -106,13 +297,15 @@ pub struct ConnectOptions {
     pub local_psn: Psn,
     /// Remote access we allow.
     pub access: Access,
-    /// ACK timeout exponent (4.096 us x 2^timeout).
+    /// ACK timeout exponent (4.096 us x 2^timeout; default 14, about 67 ms).
     pub timeout: u8,
-    /// Retries.
+    /// Retries after an ACK timeout before [`WcStatus::RetryExcErr`](crate::WcStatus)
+    /// (0..=7, default 7; 7 means seven here, not infinite).
     pub retry_cnt: u8,
-    /// RNR retries (7: infinite).
+    /// Retries after an RNR NAK (0..=7). **7, the default, retries forever** (verbs'
+    /// meaning): see "Retries" on the type.
     pub rnr_retry: u8,
-    /// RNR timer code we advertise.
+    /// RNR timer code we advertise in our RNR NAKs (IBTA table; default 12 = 0.64 ms).
     pub min_rnr_timer: u8,
     /// Outstanding READ/atomics as requester and responder.
     pub rd_atomic: u8,
@@ -165,6 +358,17 @@ impl QueuePair {
     /// The type.
     pub fn qp_type(&self) -> QpType {
         self.qp_type
+    }
+
+    /// What the peer needs to connect to this QP: its QPN, `local_psn` (the first PSN it will
+    /// send: pass the same value as [`ConnectOptions::local_psn`]) and the device's GID. Send
+    /// it over the out-of-band channel (see [`RemoteQp`] for its serialised forms).
+    pub fn endpoint(&self, local_psn: Psn) -> RemoteQp {
+        RemoteQp {
+            qpn: self.qpn,
+            psn: local_psn,
+            gid: self.dev().local_gid(),
+        }
     }
 
     fn dev(&self) -> &Device {

@@ -221,6 +221,7 @@ pub(crate) enum Allreduce {
     HalvingDoubling,
     RecursiveDoubling,
     Deterministic,
+    Direct,
 }
 
 /// Allreduce of buffer 0 (`count` elements).
@@ -307,6 +308,44 @@ pub(crate) fn allreduce(
                     }
                 }
                 unfold(&mut plan, r, n, p, whole);
+            }
+            Allreduce::Direct => {
+                // One round: every rank's whole vector to every other; each folds the n
+                // vectors in rank order (so the same bits everywhere, and the
+                // deterministic order).
+                let len = count * es;
+                let t = plan.temp(n * len);
+                let mut x = Xfer::default();
+                for k in 1..n {
+                    let to = (r + k) % n;
+                    let from = (r + n - k) % n;
+                    x.send(to, whole, vec![]);
+                    x.recv(
+                        from,
+                        Region::new(t, from * len, len),
+                        Apply::Copy,
+                        vec![],
+                        vec![],
+                    );
+                }
+                plan.x("allreduce/direct", x);
+                plan.local(move |bufs| {
+                    let mut acc = if r == 0 {
+                        bufs[0][..len].to_vec()
+                    } else {
+                        bufs[t][..len].to_vec()
+                    };
+                    for j in 1..n {
+                        let src = if j == r {
+                            &bufs[0][..len]
+                        } else {
+                            &bufs[t][j * len..(j + 1) * len]
+                        };
+                        reduce_into(dt, op, &mut acc, src)?;
+                    }
+                    bufs[0][..len].copy_from_slice(&acc);
+                    Ok(())
+                });
             }
             Allreduce::Deterministic => {
                 let b = blocks(count, n, es);

@@ -1124,13 +1124,22 @@ impl Shared {
     }
 
     fn allreduce_algo(&self, bytes: usize) -> Allreduce {
+        let n = self.size;
+        // Direct folds in rank order: the deterministic order in one round. (Under Auto it
+        // loses to recursive doubling with blocking waits: n−1 messages to wake for.)
+        let direct_fits = n >= 3 && bytes.saturating_mul(n - 1) <= self.opts.small_bytes / 2;
         if self.opts.deterministic {
-            return Allreduce::Deterministic;
+            return if direct_fits || self.opts.algorithm == Algorithm::Direct {
+                Allreduce::Direct
+            } else {
+                Allreduce::Deterministic
+            };
         }
         match self.opts.algorithm {
             Algorithm::Ring => Allreduce::Ring,
             Algorithm::HalvingDoubling => Allreduce::HalvingDoubling,
             Algorithm::RecursiveDoubling => Allreduce::RecursiveDoubling,
+            Algorithm::Direct => Allreduce::Direct,
             Algorithm::Auto if bytes <= self.opts.small_bytes => Allreduce::RecursiveDoubling,
             Algorithm::Auto => Allreduce::Ring,
         }
@@ -1167,7 +1176,10 @@ impl Shared {
         let ring = !self.opts.deterministic
             && match self.opts.algorithm {
                 Algorithm::Auto => buf.len() > self.opts.small_bytes,
-                Algorithm::Ring | Algorithm::HalvingDoubling | Algorithm::RecursiveDoubling => true,
+                Algorithm::Ring
+                | Algorithm::HalvingDoubling
+                | Algorithm::RecursiveDoubling
+                | Algorithm::Direct => true,
             };
         let count = buf.len() / self.size / dt.size();
         let plan = algo::reduce_scatter(ring, dt, op, self.rank, self.size, count);

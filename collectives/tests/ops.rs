@@ -71,6 +71,7 @@ fn allreduce_every_algorithm_and_rank_count_matches_the_reference() {
         Algorithm::Ring,
         Algorithm::HalvingDoubling,
         Algorithm::RecursiveDoubling,
+        Algorithm::Direct,
         Algorithm::Auto,
     ] {
         for n in 1..=5 {

@@ -60,10 +60,17 @@ fn loopback_latency_and_bandwidth_are_printed() {
         let (t, _) = bench(2, 4096, 300, o);
         eprintln!("np=2 4 KiB allreduce median {t:?} (busy_poll={busy}; load {la})");
     }
-    let mut o = opts();
-    o.busy_poll = false;
-    let (t, _) = bench(4, 4096, 200, o);
-    eprintln!("np=4 4 KiB allreduce median {t:?} (blocking; load {la})");
+    for algo in [
+        Algorithm::Auto,
+        Algorithm::RecursiveDoubling,
+        Algorithm::Direct,
+    ] {
+        let mut o = opts();
+        o.busy_poll = false;
+        o.algorithm = algo;
+        let (t, _) = bench(4, 4096, 200, o);
+        eprintln!("np=4 4 KiB allreduce {algo} median {t:?} (blocking; load {la})");
+    }
     for algo in [Algorithm::Ring, Algorithm::HalvingDoubling] {
         let mut o = opts();
         o.algorithm = algo;

@@ -44,7 +44,8 @@ use crate::status::Status;
 
 const KIND_DATA: u32 = 0;
 const KIND_CTS: u32 = 1;
-/// wr_id of data WRITEs (signalled: counted until complete).
+/// wr_id flag of the WRITEs `drain` waits for (data WRITEs carry it too: their errors
+/// complete).
 const WR_DATA: u64 = 1 << 63;
 
 /// The ACK timeout exponent of every QP: 4.096 µs · 2^14 ≈ 67 ms per try, 8 tries: a QP with
@@ -372,8 +373,10 @@ impl Net {
         Ok(())
     }
 
-    /// Waits (at most `timeout`) until every data WRITE posted has completed, so that
-    /// closing does not cut off a peer's last chunk.
+    /// Waits (at most `timeout`) until every WRITE posted has been acknowledged, so that
+    /// closing does not cut off a peer's last chunk. Only the last chunk of each send on
+    /// each QP is signalled (RC completes in order: its completion covers the chunks before
+    /// it on that QP).
     pub(crate) fn drain(&mut self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         while self.outstanding > 0 && Instant::now() < deadline {
@@ -589,11 +592,14 @@ impl Net {
                     if !ready || peer.tx_seq >= peer.tx_limit {
                         break;
                     }
+                    // Signalled: the last chunk on each QP (one per QP of the last `nqp`).
+                    let last = (s.src.len - off - clen).div_ceil(chunk) < nqp;
                     let seq = peer.tx_seq;
                     let slot = (seq % slots as u64) as usize;
                     let qp = &peer.qps[(seq % nqp as u64) as usize];
                     let wr = SendWr {
                         data: SendData::Inline(bufs[s.src.buf][a..b].to_vec()),
+                        signaled: last,
                         ..SendWr::new(
                             WR_DATA | seq,
                             SendOp::RdmaWriteWithImm {
@@ -609,7 +615,9 @@ impl Net {
                             rank,
                             what: format!("posting a WRITE to rank {p} in {}: {e:?}", phase()),
                         })?;
-                    self.outstanding += 1;
+                    if last {
+                        self.outstanding += 1;
+                    }
                     peer.tx_seq += 1;
                     sent[i] += clen;
                     progressed = true;

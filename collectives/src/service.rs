@@ -33,6 +33,8 @@ const ABORT: u8 = 10;
 const BYE: u8 = 11;
 const FAILED: u8 = 12;
 const CLOSING: u8 = 13;
+/// The most ranks an exchange accepts.
+const MAX_RANKS: u32 = 1 << 16;
 
 type Group = HashMap<u32, (Vec<u8>, TcpStream)>;
 
@@ -169,9 +171,12 @@ fn serve(s: &Shared, mut conn: TcpStream) {
                 return;
             };
             let blob = blob.to_vec();
+            if rank >= size || size > MAX_RANKS {
+                return;
+            }
             let mut ex = lock(&s.exchanges);
             let entry = ex.entry(tag).or_insert_with(|| (size, Group::new()));
-            if entry.0 != size || rank >= size {
+            if entry.0 != size {
                 let mut e = Enc::default();
                 e.u8(0).bytes(
                     format!(

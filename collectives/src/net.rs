@@ -55,6 +55,9 @@ pub(crate) const QP_TIMEOUT: u8 = 14;
 /// Transport retries before a QP errs.
 pub(crate) const QP_RETRY: u8 = 7;
 
+/// Bit 23 of a data immediate: the last chunk of a message.
+const LAST: u32 = 1 << 23;
+
 fn imm(kind: u32, slot: usize, len: usize) -> u32 {
     (kind << 30) | ((slot as u32 & 0x3f) << 24) | (len as u32 & 0x3f_ffff)
 }
@@ -189,7 +192,8 @@ struct Peer {
     tx_seq: u64,
     tx_limit: u64,
     rx_seq: u64,
-    rx_len: Vec<Option<usize>>,
+    /// Per slot: the length of the chunk in it and whether it ends its message.
+    rx_len: Vec<Option<(usize, bool)>>,
     /// Slots consumed but not yet granted back (credits are returned in batches).
     cts_pending: usize,
 }
@@ -418,7 +422,8 @@ impl Net {
                     let (kind, slot, len) = unimm(wc.imm_data.unwrap_or(u32::MAX));
                     match kind {
                         KIND_DATA if slot < self.cfg.slots && len <= self.cfg.chunk => {
-                            if peer.rx_len[slot].replace(len).is_some() {
+                            let last = wc.imm_data.unwrap_or(0) & LAST != 0;
+                            if peer.rx_len[slot].replace((len, last)).is_some() {
                                 let why = format!("protocol: slot {slot} written twice");
                                 err.get_or_insert((p, why));
                             }
@@ -605,7 +610,8 @@ impl Net {
                             SendOp::RdmaWriteWithImm {
                                 remote_addr: peer.remote_addr + (slot * chunk) as u64,
                                 rkey: peer.remote_rkey,
-                                imm: imm(KIND_DATA, slot, clen),
+                                imm: imm(KIND_DATA, slot, clen)
+                                    | if off + clen == s.src.len { LAST } else { 0 },
                             },
                             Vec::new(),
                         )
@@ -635,12 +641,17 @@ impl Net {
                     // INVARIANT: checked above: every receive's peer is connected.
                     let peer = self.peers[p].as_mut().expect("INVARIANT: connected peer");
                     let slot = (peer.rx_seq % slots as u64) as usize;
-                    let Some(len) = peer.rx_len[slot] else { break };
+                    let Some((len, ends)) = peer.rx_len[slot] else {
+                        break;
+                    };
                     let off = got[j];
                     let clen = chunk.min(r.dst.len - off);
-                    if len != clen {
+                    if len != clen || ends != (off + clen == r.dst.len) {
                         let why = format!(
-                            "protocol: chunk of {len} bytes where {clen} were expected (mismatched collective arguments?)"
+                            "protocol: a chunk of {len} bytes{} where {clen} bytes{} were expected \
+                             (mismatched collective arguments?)",
+                            if ends { " ending its message" } else { "" },
+                            if off + clen == r.dst.len { " ending the message" } else { "" }
                         );
                         self.status.set_failed(p, why.clone());
                         return Err(CollError::PeerFailed {

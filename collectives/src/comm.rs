@@ -461,6 +461,20 @@ impl Communicator {
         self.dev.local_addr()
     }
 
+    /// The allreduce algorithm a call on `bytes` bytes runs with this communicator's options
+    /// (what [`Algorithm::Auto`] picks): `ring`, `hd`, `rd`, `direct` or `deterministic`
+    /// (a direct reduce-scatter in rank order, then a ring allgather). For benchmarks'
+    /// reports.
+    pub fn allreduce_algorithm(&self, bytes: usize) -> &'static str {
+        match self.shared.allreduce_algo(bytes) {
+            Allreduce::Ring => "ring",
+            Allreduce::HalvingDoubling => "hd",
+            Allreduce::RecursiveDoubling => "rd",
+            Allreduce::Direct => "direct",
+            Allreduce::Deterministic => "deterministic",
+        }
+    }
+
     /// The ranks known to have failed, with what was seen (for [`Self::shrink`]).
     pub fn failed_ranks(&self) -> Vec<(usize, String)> {
         self.shared.status.failed()

@@ -77,7 +77,17 @@ fn allreduce_every_algorithm_and_rank_count_matches_the_reference() {
         for n in 1..=5 {
             let mut o = small_chunks(common::opts(common::block()));
             o.algorithm = algo;
-            let out = common::run(n, o, |c| check_allreduce(&c));
+            let out = common::run(n, o, move |c| {
+                let name = c.allreduce_algorithm(1 << 20);
+                let want = match algo {
+                    Algorithm::Auto | Algorithm::Ring => "ring",
+                    Algorithm::HalvingDoubling => "hd",
+                    Algorithm::RecursiveDoubling => "rd",
+                    _ => "direct",
+                };
+                assert_eq!(name, want);
+                check_allreduce(&c)
+            });
             let per_rank: Vec<_> = out.into_iter().map(|r| r.unwrap()).collect();
             all_equal(&per_rank);
             eprintln!("allreduce {algo} n={n}: ok");

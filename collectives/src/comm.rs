@@ -379,9 +379,18 @@ impl Communicator {
             _ => None,
         };
         let cfg = device_config(&opts, store, rank)?;
+        let auto = matches!(opts.device, DeviceChoice::Auto);
         let dev = Device::open(cfg).map_err(|e| CollError::Transport {
             rank,
-            what: format!("opening the device: {e}"),
+            what: format!(
+                "opening the device: {e}{}",
+                if auto {
+                    " (several ranks on one host share its address only through the rocectl \
+                     daemon; or give each rank its own with ROCECTL_COLL_ADDR)"
+                } else {
+                    ""
+                }
+            ),
         })?;
         let ip = dev.local_addr().ip();
         let service = match &b {

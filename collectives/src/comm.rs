@@ -79,10 +79,11 @@ impl Handle {
     /// Waits for the operation and returns its buffer (the result).
     ///
     /// # Errors
-    /// The operation's error. The operation itself fails at its timeout; a worker that
-    /// never answers (it cannot) would give [`CollError::Timeout`] after twice that.
+    /// The operation's error. Each operation fails at its timeout, so this returns within
+    /// (operations posted ahead of it + 1) timeouts; past that (plus 5 s) it gives up with
+    /// [`CollError::Timeout`] rather than wait for a worker that can no longer answer.
     pub fn wait(self) -> Result<Vec<u8>, CollError> {
-        let deadline = Instant::now() + self.limit * 2 + Duration::from_secs(1);
+        let deadline = Instant::now() + self.limit;
         let mut g = lock(&self.slot.result);
         loop {
             if let Some(r) = g.take() {
@@ -94,7 +95,7 @@ impl Handle {
                     rank: self.rank,
                     peer: None,
                     phase: "waiting for a handle".into(),
-                    after: self.limit * 2,
+                    after: self.limit,
                 });
             }
             g = self
@@ -912,7 +913,16 @@ impl Communicator {
             return Err(CollError::InvalidArgument("communicator closed".into()));
         };
         let slot = Arc::new(Slot::default());
-        *lock(&self.shared.pending) += 1;
+        // The worker finishes each operation within its timeout: this one within
+        // (operations ahead + 1) timeouts. A handle waits that long (and a little) at most.
+        let ahead = {
+            let mut p = lock(&self.shared.pending);
+            *p += 1;
+            *p
+        };
+        let limit = timeout
+            .saturating_mul(u32::try_from(ahead).unwrap_or(u32::MAX))
+            .saturating_add(Duration::from_secs(5));
         let job: Job = Box::new(move |s| f(s, timeout));
         if jobs.send((job, slot.clone())).is_err() {
             *lock(&self.shared.pending) -= 1;
@@ -920,7 +930,7 @@ impl Communicator {
         }
         Ok(Handle {
             slot,
-            limit: timeout,
+            limit,
             rank: self.shared.rank,
         })
     }
@@ -1041,7 +1051,14 @@ impl Setup<'_> {
             .name(format!("coll-worker-{rank}"))
             .spawn(move || {
                 while let Ok((job, slot)) = rx.recv() {
-                    let r = job(&s);
+                    // A panic in an operation (a bug) fails that operation, not the worker.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&s)))
+                        .unwrap_or_else(|_| {
+                            Err(CollError::InvalidArgument(format!(
+                                "rank {}: internal error (a panic) in a non-blocking operation",
+                                s.rank
+                            )))
+                        });
                     *lock(&slot.result) = Some(r);
                     slot.cv.notify_all();
                     let _ = (&s.notify_tx).write(&[1]);

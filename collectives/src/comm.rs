@@ -438,9 +438,19 @@ impl Communicator {
             tags: (TAG_INIT, TAG_READY),
             deadline,
         };
-        let mut c = setup.build()?;
-        c.files = files;
-        Ok(c)
+        match setup.build() {
+            Ok(mut c) => {
+                c.files = files;
+                Ok(c)
+            }
+            Err(e) => {
+                // A failed init leaves no files for a later job to read.
+                if let Some((path, tags)) = &files {
+                    file_cleanup(path, tags, rank);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// [`Self::init`] with [`Bootstrap::Env`] and [`CommOptions::from_env`].

@@ -13,6 +13,11 @@ use roce_collectives::{
 use roce_testkit::netns::{netns_or_skip, run_in, NetnsPair};
 use roce_transport::DeviceConfig;
 
+/// The defaults over `ROCECTL_COLL_*` (chunk, slots, QPs... to compare).
+fn env() -> CommOptions {
+    CommOptions::from_env().expect("ROCECTL_COLL_* parse")
+}
+
 fn load() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
@@ -94,7 +99,7 @@ fn veth_latency_and_bandwidth_are_printed_and_a_dead_rank_is_detected() {
         let o = CommOptions {
             busy_poll: busy,
             timeout: Duration::from_secs(30),
-            ..CommOptions::default()
+            ..env()
         };
         let (us, _) = median_us(2, 4096, 300, &pair, o);
         eprintln!("veth np=2 4 KiB allreduce median {us:.1} us (busy_poll={busy}; load {la})");
@@ -103,7 +108,7 @@ fn veth_latency_and_bandwidth_are_printed_and_a_dead_rank_is_detected() {
         let o = CommOptions {
             algorithm: algo,
             timeout: Duration::from_secs(30),
-            ..CommOptions::default()
+            ..env()
         };
         let (us, bw) = median_us(2, 16 << 20, 5, &pair, o);
         eprintln!(

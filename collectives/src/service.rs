@@ -86,7 +86,11 @@ impl Service {
                     if s.stop.load(Ordering::Acquire) {
                         break;
                     }
-                    let Ok(conn) = conn else { continue };
+                    let Ok(conn) = conn else {
+                        // Out of descriptors or the like: do not spin on it.
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    };
                     let s = s.clone();
                     let _ = std::thread::Builder::new()
                         .name("coll-service-conn".into())

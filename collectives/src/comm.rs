@@ -688,6 +688,19 @@ impl Communicator {
     ) -> Result<(), CollError> {
         self.scope().reduce_raw(dt, op, send, recv, root)
     }
+    /// Reduce in place to `root` (`buf` is the result there, untouched elsewhere).
+    ///
+    /// # Errors
+    /// As [`CallScope::allreduce_raw`].
+    pub fn reduce_in_place_raw(
+        &self,
+        dt: DataType,
+        op: ReduceOp,
+        buf: &mut [u8],
+        root: usize,
+    ) -> Result<(), CollError> {
+        self.scope().reduce_in_place_raw(dt, op, buf, root)
+    }
     /// Sends `buf` to `peer` (matched by its [`Self::recv_raw`] of the same length).
     ///
     /// # Errors
@@ -1486,6 +1499,26 @@ impl CallScope<'_> {
             recv.copy_from_slice(&work);
         }
         Ok(())
+    }
+    /// Reduce in place: on the root `buf` becomes the reduction of every rank's `buf`;
+    /// elsewhere `buf` is left as it was (the reduction runs on a copy there).
+    ///
+    /// # Errors
+    /// As [`Self::allreduce_raw`].
+    pub fn reduce_in_place_raw(
+        &self,
+        dt: DataType,
+        op: ReduceOp,
+        buf: &mut [u8],
+        root: usize,
+    ) -> Result<(), CollError> {
+        if self.comm.rank() == root {
+            self.sh()?.reduce_in_place(dt, op, buf, root, self.timeout)
+        } else {
+            let mut work = buf.to_vec();
+            self.sh()?
+                .reduce_in_place(dt, op, &mut work, root, self.timeout)
+        }
     }
     /// Sends `buf` to `peer`.
     ///

@@ -193,6 +193,20 @@ fn reduce_scatter_allgather_broadcast_reduce_barrier_and_send_recv() {
                         } else {
                             assert!(out.iter().all(|x| *x == 0), "reduce wrote a non-root");
                         }
+                        // In place: the root's buffer becomes the result, the others' stay.
+                        let mut inplace = mine.clone();
+                        c.reduce_in_place_raw(
+                            roce_collectives::DataType::I32,
+                            ReduceOp::Sum,
+                            bytemuck::cast_slice_mut(&mut inplace),
+                            root,
+                        )
+                        .unwrap();
+                        if r == root {
+                            assert_eq!(inplace, out, "in-place reduce n={n} root={root}");
+                        } else {
+                            assert_eq!(inplace, mine, "in-place reduce touched a non-root");
+                        }
                     }
                     c.barrier().unwrap();
                     // send/recv round a ring.

@@ -810,13 +810,7 @@ impl Datapath for UdpDatapath {
         DatapathCaps {
             ip_mtu: self.ip_mtu,
             max_gso_segments: self.gso_segments,
-            // Raw receive: a whole GSO message from a sender on this host may come in as one
-            // packet (see `split_gso_message`), so buffers must hold 64 KiB as for GRO.
-            gro_segments: if self.raw.is_some() {
-                GRO_MAX_SEGMENTS
-            } else {
-                self.gro_segments
-            },
+            gro_segments: self.gro_segments,
             fixed_source_port: Some(self.local.port()),
             sees_ip_header: self.raw.is_some(),
         }

@@ -797,9 +797,9 @@ fn eight_processes_share_one_address_and_a_killed_one_disturbs_nobody() {
         ],
     );
     let mut specs: Vec<PairSpec> = (0..2)
-        .map(|i| PairSpec::new("write-bw -n 15000 -s 65536 --chk", 18_702 + i))
+        .map(|i| PairSpec::new("write-bw -n 30000 -s 65536 --chk", 18_702 + i))
         .collect();
-    specs.extend((0..2).map(|i| PairSpec::new("rc-pingpong -n 15000 --chk", 18_704 + i)));
+    specs.extend((0..2).map(|i| PairSpec::new("rc-pingpong -n 30000 --chk", 18_704 + i)));
     let mut pairs = start_pairs(&side, &side, "127.0.0.1", &specs);
     // No two clients listed at the same time share a QPN range.
     for _ in 0..3 {
@@ -887,7 +887,7 @@ fn a_restarted_daemon_keeps_established_clients_running() {
         );
         return;
     }
-    const ITERS: u64 = 25_000;
+    const ITERS: u64 = 40_000;
     let ns = TempNetns::create("dmn-rst").unwrap();
     let pin = bpf.0 .0.join("group");
     let mut d = Daemon::start(
@@ -899,7 +899,7 @@ fn a_restarted_daemon_keeps_established_clients_running() {
     let specs = [
         PairSpec::new(&stream, 18_720),
         PairSpec::new(&stream, 18_721),
-        PairSpec::new("rc-pingpong -n 40000 --chk", 18_722),
+        PairSpec::new("rc-pingpong -n 60000 --chk", 18_722),
     ];
     let side = Side {
         ns: &ns,
@@ -1485,7 +1485,7 @@ fn forwarding_keeps_each_users_traffic_and_memory_its_own() {
     let db = Daemon::start_at("fwd2-b", Some(b), &b.ipv4().to_string(), fwd);
     let specs = [
         // The attack target: a root server with a long stream.
-        PairSpec::new("write-bw -n 20000 -s 65536 --chk", 18_830).users(false, false),
+        PairSpec::new("write-bw -n 30000 -s 65536 --chk", 18_830).users(false, false),
         PairSpec::new("write-bw -n 3000 -s 65536 --chk", 18_831).users(true, true),
         PairSpec::new("write-bw -n 3000 -s 65536 --chk", 18_832).users(false, true),
         PairSpec::new("write-bw -n 3000 -s 65536 --chk", 18_833).users(true, false),

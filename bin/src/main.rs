@@ -14,6 +14,8 @@
 //!   `ib_write_bw`, …) on rocectl's drop-in `libibverbs.so.1`;
 //! - `rocectl daemon` ([`daemon`]): the per-host daemon that lets many processes share one
 //!   RoCE address; `rocectl res show` and `rocectl stat` ask it what they hold;
+//! - `rocectl coll-perf [COLLECTIVE] …`, `rocectl coll launch -n N -- CMD…` ([`coll`]): nccl-tests'
+//!   benchmark on the collectives library, and a launcher of N ranks in network namespaces;
 //! - `rocectl gen man DIR`, `rocectl gen completions SHELL`: man pages and completions from
 //!   this very command-line definition.
 //!
@@ -27,6 +29,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 use oob::perftest::Tool;
 
+mod coll;
 mod daemon;
 mod demo;
 mod device;
@@ -94,13 +97,21 @@ enum Command {
     Res(daemon::views::ResCommand),
     /// Show the counters of every process using the daemon (like rdma statistic)
     Stat(daemon::views::StatArgs),
+    /// nccl-tests' benchmark (all_reduce_perf…) on the rocectl collectives library
+    CollPerf(coll::perf::PerfArgs),
+    /// Collectives tools: launch N ranks in network namespaces (tests and benchmarks)
+    #[command(subcommand)]
+    Coll(coll::CollCommand),
     /// Generate man pages or shell completions from the command-line definition
     #[command(subcommand)]
     Gen(daemon::gen::GenCommand),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return coll::perf::usage_error(&e),
+    };
     // Commands that can capture close their captures on SIGINT/SIGTERM ([`signals`]).
     let captures = !matches!(
         cli.command,
@@ -111,6 +122,7 @@ fn main() -> ExitCode {
             | Command::Res(_)
             | Command::Stat(_)
             | Command::Gen(_)
+            | Command::Coll(_)
     );
     if captures {
         if let Err(err) = signals::install() {
@@ -137,6 +149,8 @@ fn main() -> ExitCode {
         Command::Daemon(args) => daemon::run(&args),
         Command::Res(cmd) => daemon::views::run_res(&cmd),
         Command::Stat(args) => daemon::views::run_stat(&args),
+        Command::CollPerf(args) => coll::perf::run(&args),
+        Command::Coll(cmd) => coll::run(&cmd),
         Command::Gen(gen) => daemon::gen::run(&gen, Cli::command()),
     };
     match result {

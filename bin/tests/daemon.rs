@@ -20,6 +20,7 @@ use roce_testkit::proc::Proc;
 use roce_transport::control::sys::{read_frame, write_frame};
 use roce_transport::control::{
     ClientError, Connection, ControlError, Hello, Reply, Request, Resource, Role, Scope,
+    PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
 use roce_transport::{Device, DeviceConfig, OpenError, QpInit, QpType, VerbsError};
 use serde_json::Value;
@@ -304,8 +305,9 @@ fn a_hello_of_another_major_version_is_refused() {
         }
     ));
     assert!(
-        e.to_string()
-            .contains("client speaks 99.x, daemon speaks 1.0"),
+        e.to_string().contains(&format!(
+            "client speaks 99.x, daemon speaks {PROTOCOL_MAJOR}.{PROTOCOL_MINOR}"
+        )),
         "{e}"
     );
     // The daemon closed the connection after refusing.
@@ -925,6 +927,18 @@ fn a_restarted_daemon_keeps_established_clients_running() {
         );
     }
     assert!(d.log().contains("taken back from its pin"), "{}", d.log());
+    // The long pair resumes its ranges with the new daemon (its sockets prove its slots):
+    // listed again, with its QPs.
+    let long_pids: Vec<u32> = long
+        .iter()
+        .flat_map(|p| [p.server.pid(), p.client.pid()])
+        .collect();
+    wait_for(Duration::from_secs(10), "the long pairs resumed", || {
+        let listed = long_pids
+            .iter()
+            .all(|&pid| !d.clients_with_pid(pid).is_empty());
+        (listed && d.log().matches("QPN range resumed").count() >= long_pids.len()).then_some(())
+    });
     // A new pair after the restart.
     let side = Side {
         ns: &ns,
@@ -963,11 +977,17 @@ fn a_restarted_daemon_keeps_established_clients_running() {
     assert_eq!(streams, 2);
     wait_for(
         Duration::from_secs(5),
-        "the old pairs' slots quarantined",
+        "the old pairs (resumed) reaped and their slots quarantined",
         || {
-            d.log()
-                .contains("the member of an earlier daemon run left its QPN range")
-                .then_some(())
+            let log = d.log();
+            let reaped = long_pids
+                .iter()
+                .filter(|pid| {
+                    log.lines()
+                        .any(|l| l.contains("client reaped") && l.contains(&format!("pid={pid} ")))
+                })
+                .count();
+            (reaped == long_pids.len()).then_some(())
         },
     );
 }

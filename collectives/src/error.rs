@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::dtype::{DataType, ReduceOp};
 
 /// Why a collective, or setting up a communicator, failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CollError {
     /// An argument is invalid (lengths that do not match, a root out of range…).

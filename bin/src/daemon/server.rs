@@ -170,8 +170,8 @@ impl Server {
             claimed_program = %hello.program, "client connected"
         );
         loop {
-            let req = match read_frame::<Request>(&mut stream) {
-                Ok(Some((req, _fds))) => req,
+            let (req, fds) = match read_frame::<Request>(&mut stream) {
+                Ok(Some(frame)) => frame,
                 Ok(None) => break,
                 Err(e) => {
                     warn!(pid = cred.pid, comm = %comm, error = %e, "bad control message; closing");
@@ -185,7 +185,7 @@ impl Server {
                     break;
                 }
             };
-            let (reply, extra) = self.handle(id, cred, &comm, req);
+            let (reply, extra) = self.handle(id, cred, &comm, req, fds);
             let fds: Vec<_> = match (&self.demux, &extra) {
                 (Some(g), Extra::Demux) => vec![g.map_fd(), g.prog_fd()],
                 (_, Extra::Ring(r)) => vec![r.memory.as_fd(), r.event.as_fd()],
@@ -285,7 +285,14 @@ impl Server {
     }
 
     /// Answers one request; the flag says whether the demultiplexer's fd goes with it.
-    fn handle(&self, id: ClientId, cred: PeerCred, comm: &str, req: Request) -> (Reply, Extra) {
+    fn handle(
+        &self,
+        id: ClientId,
+        cred: PeerCred,
+        comm: &str,
+        req: Request,
+        fds: Vec<std::os::fd::OwnedFd>,
+    ) -> (Reply, Extra) {
         let now = Instant::now();
         let mut reg = self.registry();
         let result = match req {
@@ -329,6 +336,33 @@ impl Server {
                 }
                 Err(e) => Err(e),
             },
+            Request::Resume {
+                device,
+                slot,
+                objects,
+            } => {
+                // The claim is proved by the socket itself, never by the client's word.
+                let proved = match (&self.demux, fds.first()) {
+                    (Some(g), Some(fd)) => g.holds(slot, fd.as_fd()).unwrap_or(false),
+                    _ => false,
+                };
+                if proved {
+                    reg.adopt(id, slot, objects).map(|lease| {
+                        info!(
+                            pid = cred.pid, uid = cred.uid, comm = %comm, device = %device,
+                            slot, qps = objects.qps, cqs = objects.cqs, mrs = objects.mrs,
+                            "QPN range resumed by its member from an earlier daemon run"
+                        );
+                        Reply::Lease(lease)
+                    })
+                } else {
+                    Err(ControlError::Forbidden {
+                        reason: format!(
+                            "the socket passed does not hold QPN range slot {slot} in the kernel demultiplexer"
+                        ),
+                    })
+                }
+            }
             Request::Reserve(o) => reg.reserve(id, o).map(|()| Reply::Ok),
             Request::Release(o) => {
                 reg.release(id, o);

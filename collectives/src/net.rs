@@ -1,0 +1,744 @@
+//! The data path: RC queue pairs to every peer, registered receive slots, the
+//! receiver-driven protocol and the executor that runs a schedule of transfers over them.
+//!
+//! ## Protocol (as NCCL's net_ib, with credits instead of a polled FIFO)
+//!
+//! Between two ranks each direction is an ordered stream of chunks numbered `seq = 0, 1, …`
+//! for the communicator's life. The receiver owns `slots` receive slots of `chunk` bytes for
+//! that sender (a registered region it told the sender about at bootstrap); chunk `seq`
+//! always goes to slot `seq % slots` over QP `seq % qps`. A sender may write chunk `seq`
+//! only once it holds a clear-to-send credit for it: the first `slots` are granted by the
+//! bootstrap, every later one by a CTS message the receiver sends (a zero-length SEND with
+//! immediate `{CTS, slot}`) after it has consumed — copied or reduced out of the slot — the
+//! chunk that occupied that slot. So no chunk is ever written into a slot its receiver has
+//! not released. The data goes as one RDMA WRITE WITH IMMEDIATE into the slot whose
+//! immediate carries `{DATA, slot, length}`; its receive completion tells the receiver the
+//! slot is full.
+//!
+//! Immediate layout: bits 31–30 the kind (0 data, 1 CTS), 29–24 the slot, 21–0 the length.
+//!
+//! ## Executor
+//!
+//! A collective is a list of phases; a transfer phase is a set of sends and receives (each a
+//! region of one of the operation's buffers) with chunk-level dependencies: a send's chunk
+//! leaves once the receives it depends on have applied the bytes it covers (so a ring
+//! forwards each chunk as soon as it is reduced: the pipeline), and a receive's chunk is
+//! applied only after the sends listed as reading the same bytes have taken them (no
+//! write-after-read hazard). Sends and receives of one peer are streamed in list order.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use roce_transport::{
+    Access, Completion, CompletionQueue, ConnectOptions, Device, Gid, MemoryRegion,
+    ProtectionDomain, Psn, QpConfig, QpInit, QpType, Qpn, QueuePair, RKey, RecvWr, RemoteQp,
+    SendData, SendOp, SendWr, WcOpcode, WcStatus,
+};
+
+use crate::codec::{Dec, Enc, Short};
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::CollError;
+use crate::reduce::reduce_into;
+use crate::status::Status;
+
+const KIND_DATA: u32 = 0;
+const KIND_CTS: u32 = 1;
+/// wr_id of data WRITEs (signalled: counted until complete).
+const WR_DATA: u64 = 1 << 63;
+
+/// The ACK timeout exponent of every QP: 4.096 µs · 2^14 ≈ 67 ms per try, 8 tries: a QP with
+/// traffic to a dead peer errs in about half a second (the default 14/7 of verbs is the
+/// same per try; NCCL's 20 would take 35 s).
+pub(crate) const QP_TIMEOUT: u8 = 14;
+/// Transport retries before a QP errs.
+pub(crate) const QP_RETRY: u8 = 7;
+
+fn imm(kind: u32, slot: usize, len: usize) -> u32 {
+    (kind << 30) | ((slot as u32 & 0x3f) << 24) | (len as u32 & 0x3f_ffff)
+}
+
+fn unimm(v: u32) -> (u32, usize, usize) {
+    (
+        v >> 30,
+        ((v >> 24) & 0x3f) as usize,
+        (v & 0x3f_ffff) as usize,
+    )
+}
+
+/// A region of one of an operation's buffers (0: the caller's; others: temporaries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Region {
+    pub(crate) buf: usize,
+    pub(crate) off: usize,
+    pub(crate) len: usize,
+}
+
+impl Region {
+    pub(crate) const fn new(buf: usize, off: usize, len: usize) -> Self {
+        Self { buf, off, len }
+    }
+    fn end(&self) -> usize {
+        self.off + self.len
+    }
+}
+
+/// What a receive does with each chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Apply {
+    /// `dst = incoming`.
+    Copy,
+    /// `dst = dst op incoming`.
+    Reduce,
+    /// `dst = incoming op dst` (the peer's contribution goes first: a canonical order).
+    ReduceIncomingFirst,
+}
+
+/// One send of a transfer phase.
+#[derive(Clone, Debug)]
+pub(crate) struct SendX {
+    pub(crate) peer: usize,
+    pub(crate) src: Region,
+    /// Receives (indices in the phase) whose bytes this send forwards.
+    pub(crate) deps: Vec<usize>,
+}
+
+/// One receive of a transfer phase.
+#[derive(Clone, Debug)]
+pub(crate) struct RecvX {
+    pub(crate) peer: usize,
+    pub(crate) dst: Region,
+    pub(crate) apply: Apply,
+    /// Receives that must have applied the same bytes first (a fixed reduction order).
+    pub(crate) deps: Vec<usize>,
+    /// Sends that read the bytes this receive overwrites: they must take them first.
+    pub(crate) after: Vec<usize>,
+}
+
+/// A transfer phase.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Xfer {
+    pub(crate) sends: Vec<SendX>,
+    pub(crate) recvs: Vec<RecvX>,
+}
+
+impl Xfer {
+    pub(crate) fn send(&mut self, peer: usize, src: Region, deps: Vec<usize>) -> usize {
+        self.sends.push(SendX { peer, src, deps });
+        self.sends.len() - 1
+    }
+    pub(crate) fn recv(
+        &mut self,
+        peer: usize,
+        dst: Region,
+        apply: Apply,
+        deps: Vec<usize>,
+        after: Vec<usize>,
+    ) -> usize {
+        self.recvs.push(RecvX {
+            peer,
+            dst,
+            apply,
+            deps,
+            after,
+        });
+        self.recvs.len() - 1
+    }
+}
+
+/// What this rank tells peer `p` about the connection to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PeerInfo {
+    pub(crate) qps: Vec<(u32, u32)>,
+    pub(crate) slots_addr: u64,
+    pub(crate) slots_rkey: u32,
+}
+
+impl PeerInfo {
+    pub(crate) fn encode(&self, e: &mut Enc) {
+        e.u32(self.qps.len() as u32);
+        for (q, p) in &self.qps {
+            e.u32(*q).u32(*p);
+        }
+        e.u64(self.slots_addr).u32(self.slots_rkey);
+    }
+    pub(crate) fn decode(d: &mut Dec<'_>) -> Result<Self, Short> {
+        let n = d.u32()? as usize;
+        if n > crate::options::MAX_QPS {
+            return Err(Short);
+        }
+        let mut qps = Vec::with_capacity(n);
+        for _ in 0..n {
+            qps.push((d.u32()?, d.u32()?));
+        }
+        Ok(Self {
+            qps,
+            slots_addr: d.u64()?,
+            slots_rkey: d.u32()?,
+        })
+    }
+}
+
+struct Peer {
+    qps: Vec<QueuePair>,
+    psns: Vec<u32>,
+    rx: MemoryRegion,
+    remote_addr: u64,
+    remote_rkey: RKey,
+    tx_seq: u64,
+    tx_limit: u64,
+    rx_seq: u64,
+    rx_len: Vec<Option<usize>>,
+    /// Slots consumed but not yet granted back (credits are returned in batches).
+    cts_pending: usize,
+}
+
+/// Data-path settings.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NetConfig {
+    pub(crate) chunk: usize,
+    pub(crate) slots: usize,
+    pub(crate) qps: usize,
+    pub(crate) busy_poll: bool,
+}
+
+/// A communicator's connections and executor.
+pub(crate) struct Net {
+    rank: usize,
+    cfg: NetConfig,
+    _pd: ProtectionDomain,
+    cq: CompletionQueue,
+    peers: Vec<Option<Peer>>,
+    qpn_peer: HashMap<u32, usize>,
+    outstanding: u64,
+    scratch: Vec<u8>,
+    wc: Vec<Completion>,
+    status: Arc<Status>,
+}
+
+impl std::fmt::Debug for Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Net")
+            .field("rank", &self.rank)
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+fn overlap_done(a: usize, b: usize, r: Region, done_bytes: usize, all_done: bool) -> bool {
+    if all_done {
+        return true;
+    }
+    if a == b {
+        return false;
+    }
+    if b <= r.off || a >= r.end() {
+        return true;
+    }
+    r.off + done_bytes >= b.min(r.end())
+}
+
+impl Net {
+    /// Creates the QPs and receive slots for `peers` (global ranks; `None` entries are
+    /// not connected: this rank itself, or ranks outside the communicator).
+    pub(crate) fn new(
+        dev: &Device,
+        rank: usize,
+        peers: &[bool],
+        cfg: NetConfig,
+        status: Arc<Status>,
+    ) -> Result<Self, CollError> {
+        let terr = |what: String| CollError::Transport { rank, what };
+        let pd = dev.alloc_pd();
+        let npeers = peers.iter().filter(|p| **p).count();
+        let recv_per_qp = 2 * cfg.slots + 8;
+        let depth = (npeers * (cfg.qps * recv_per_qp + 2 * cfg.slots + 8) + 64).min(1 << 20);
+        let cq = dev
+            .create_cq(depth)
+            .map_err(|e| terr(format!("create_cq({depth}): {e}")))?;
+        let mut config = QpConfig::new(QpType::Rc);
+        config.max_inline_data = cfg.chunk;
+        config.max_send_wr = 4 * cfg.slots + 64;
+        config.max_recv_wr = recv_per_qp + 8;
+        let mut out = Vec::with_capacity(peers.len());
+        let mut qpn_peer = HashMap::new();
+        for (p, &on) in peers.iter().enumerate() {
+            if !on {
+                out.push(None);
+                continue;
+            }
+            let mut qps = Vec::with_capacity(cfg.qps);
+            let mut psns = Vec::with_capacity(cfg.qps);
+            for _ in 0..cfg.qps {
+                let qp = pd
+                    .create_qp(&QpInit {
+                        config,
+                        send_cq: cq.clone(),
+                        recv_cq: cq.clone(),
+                        srq: None,
+                    })
+                    .map_err(|e| terr(format!("create_qp for peer {p}: {e}")))?;
+                qpn_peer.insert(qp.qpn().value(), p);
+                qps.push(qp);
+                psns.push(dev.random_psn() & 0x00ff_ffff);
+            }
+            let rx = pd
+                .register_zeroed(
+                    cfg.slots * cfg.chunk,
+                    Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                )
+                .map_err(|e| terr(format!("registering the receive slots for peer {p}: {e}")))?;
+            out.push(Some(Peer {
+                qps,
+                psns,
+                rx,
+                remote_addr: 0,
+                remote_rkey: RKey::new(0),
+                tx_seq: 0,
+                tx_limit: cfg.slots as u64,
+                rx_seq: 0,
+                rx_len: vec![None; cfg.slots],
+                cts_pending: 0,
+            }));
+        }
+        Ok(Self {
+            rank,
+            cfg,
+            _pd: pd,
+            cq,
+            peers: out,
+            qpn_peer,
+            outstanding: 0,
+            scratch: vec![0; cfg.chunk],
+            wc: vec![Completion::EMPTY; 64],
+            status,
+        })
+    }
+
+    /// What to tell peer `p` (`None` if not connected to it).
+    pub(crate) fn info_for(&self, p: usize) -> Option<PeerInfo> {
+        let peer = self.peers.get(p)?.as_ref()?;
+        Some(PeerInfo {
+            qps: peer
+                .qps
+                .iter()
+                .zip(&peer.psns)
+                .map(|(q, s)| (q.qpn().value(), *s))
+                .collect(),
+            slots_addr: peer.rx.addr(),
+            slots_rkey: peer.rx.rkey().value(),
+        })
+    }
+
+    /// Connects to peer `p` as it described itself, and posts the receives.
+    pub(crate) fn connect(&mut self, p: usize, gid: Gid, info: &PeerInfo) -> Result<(), CollError> {
+        let rank = self.rank;
+        let terr = |what: String| CollError::Transport { rank, what };
+        let Some(peer) = self.peers.get_mut(p).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        if info.qps.len() != peer.qps.len() {
+            return Err(CollError::Bootstrap(format!(
+                "rank {rank}: peer {p} has {} QPs for us, we have {} (qps_per_peer differs)",
+                info.qps.len(),
+                peer.qps.len()
+            )));
+        }
+        for (i, qp) in peer.qps.iter().enumerate() {
+            let opts = ConnectOptions {
+                local_psn: Psn::new(peer.psns[i]),
+                access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                timeout: QP_TIMEOUT,
+                retry_cnt: QP_RETRY,
+                ..ConnectOptions::default()
+            };
+            let remote = RemoteQp {
+                qpn: Qpn::new(info.qps[i].0),
+                psn: Psn::new(info.qps[i].1),
+                gid,
+            };
+            qp.connect(&remote, &opts)
+                .map_err(|e| terr(format!("connecting QP {i} to peer {p}: {e}")))?;
+            for _ in 0..2 * self.cfg.slots + 8 {
+                qp.post_recv(RecvWr {
+                    wr_id: 0,
+                    sges: Vec::new(),
+                })
+                .map_err(|e| terr(format!("post_recv on QP {i} to peer {p}: {e:?}")))?;
+            }
+        }
+        peer.remote_addr = info.slots_addr;
+        peer.remote_rkey = RKey::new(info.slots_rkey);
+        Ok(())
+    }
+
+    /// Waits (at most `timeout`) until every data WRITE posted has completed, so that
+    /// closing does not cut off a peer's last chunk.
+    pub(crate) fn drain(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.outstanding > 0 && Instant::now() < deadline {
+            let mut wc = std::mem::take(&mut self.wc);
+            let n = self.cq.wait(&mut wc, Duration::from_millis(10));
+            let _ = self.handle(&wc[..n]);
+            self.wc = wc;
+            if self.status.aborted_by().is_some() {
+                return;
+            }
+        }
+    }
+
+    fn handle(&mut self, wcs: &[Completion]) -> Result<(), (usize, String)> {
+        let mut err = None;
+        for wc in wcs {
+            let Some(&p) = self.qpn_peer.get(&wc.qp_num.value()) else {
+                continue;
+            };
+            if wc.status != WcStatus::Success {
+                if wc.wr_id & WR_DATA != 0 {
+                    self.outstanding = self.outstanding.saturating_sub(1);
+                }
+                let why = format!(
+                    "work completion {:?} ({:?}) on QP {}",
+                    wc.status,
+                    wc.opcode,
+                    wc.qp_num.value()
+                );
+                self.status.set_failed(p, why.clone());
+                err.get_or_insert((p, why));
+                continue;
+            }
+            let Some(peer) = self.peers.get_mut(p).and_then(Option::as_mut) else {
+                continue;
+            };
+            match wc.opcode {
+                WcOpcode::RecvRdmaWithImm | WcOpcode::Recv => {
+                    let (kind, slot, len) = unimm(wc.imm_data.unwrap_or(u32::MAX));
+                    match kind {
+                        KIND_DATA if slot < self.cfg.slots && len <= self.cfg.chunk => {
+                            if peer.rx_len[slot].replace(len).is_some() {
+                                let why = format!("protocol: slot {slot} written twice");
+                                err.get_or_insert((p, why));
+                            }
+                        }
+                        KIND_CTS => peer.tx_limit += len as u64,
+                        _ => {
+                            err.get_or_insert((
+                                p,
+                                format!("protocol: bad immediate {:?}", wc.imm_data),
+                            ));
+                        }
+                    }
+                    if let Some(qp) = peer.qps.iter().find(|q| q.qpn() == wc.qp_num) {
+                        if let Err(e) = qp.post_recv(RecvWr {
+                            wr_id: 0,
+                            sges: Vec::new(),
+                        }) {
+                            err.get_or_insert((p, format!("post_recv: {e:?}")));
+                        }
+                    }
+                }
+                _ => {
+                    if wc.wr_id & WR_DATA != 0 {
+                        self.outstanding = self.outstanding.saturating_sub(1);
+                    }
+                }
+            }
+        }
+        match err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn poll_and_handle(&mut self, wait: Option<Duration>) -> Result<bool, (usize, String)> {
+        let mut wc = std::mem::take(&mut self.wc);
+        let n = match wait {
+            None => {
+                if self.cq.is_empty() {
+                    0
+                } else {
+                    self.cq.poll(&mut wc)
+                }
+            }
+            Some(t) if self.cfg.busy_poll => {
+                let _ = t;
+                self.cq.poll(&mut wc)
+            }
+            Some(t) => self.cq.wait(&mut wc, t),
+        };
+        let r = self.handle(&wc[..n]);
+        self.wc = wc;
+        r.map(|()| n > 0)
+    }
+
+    /// Credits are granted back in batches of this many (half the slots): a CTS per
+    /// batch instead of per chunk; whatever is held back goes before this rank waits.
+    fn cts_batch(&self) -> usize {
+        (self.cfg.slots / 2).max(1)
+    }
+
+    /// Grants peer `p` the slots consumed since the last grant (one CTS carrying the count).
+    fn grant(&mut self, p: usize) -> Result<(), String> {
+        let nqp = self.cfg.qps as u64;
+        let Some(peer) = self.peers.get_mut(p).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        if peer.cts_pending == 0 {
+            return Ok(());
+        }
+        let qp = &peer.qps[(peer.rx_seq % nqp) as usize];
+        let cts = SendWr {
+            data: SendData::Inline(Vec::new()),
+            signaled: false,
+            ..SendWr::new(
+                0,
+                SendOp::SendWithImm {
+                    imm: imm(KIND_CTS, 0, peer.cts_pending),
+                },
+                Vec::new(),
+            )
+        };
+        qp.post_send(cts)
+            .map_err(|e| format!("posting a CTS to rank {p}: {e:?}"))?;
+        peer.cts_pending = 0;
+        Ok(())
+    }
+
+    /// Runs one transfer phase over `bufs` until done, or fails (timeout at `deadline`,
+    /// abort, a failed peer).
+    #[allow(clippy::too_many_lines, clippy::needless_range_loop)]
+    pub(crate) fn run(
+        &mut self,
+        x: &Xfer,
+        bufs: &mut [&mut [u8]],
+        red: Option<(DataType, ReduceOp)>,
+        deadline: Instant,
+        timeout: Duration,
+        phase: &dyn Fn() -> String,
+    ) -> Result<(), CollError> {
+        let rank = self.rank;
+        let inval = |w: String| {
+            Err(CollError::InvalidArgument(format!(
+                "internal schedule: {w}"
+            )))
+        };
+        // Check the schedule against the buffers and the connections once.
+        for s in &x.sends {
+            if bufs.get(s.src.buf).is_none_or(|b| s.src.end() > b.len()) {
+                return inval(format!("send region {:?} out of bounds", s.src));
+            }
+            if self.peers.get(s.peer).is_none_or(Option::is_none) {
+                return inval(format!("send to unconnected peer {}", s.peer));
+            }
+            if s.deps.iter().any(|d| *d >= x.recvs.len()) {
+                return inval("send dependency out of range".into());
+            }
+        }
+        for r in &x.recvs {
+            if bufs.get(r.dst.buf).is_none_or(|b| r.dst.end() > b.len()) {
+                return inval(format!("receive region {:?} out of bounds", r.dst));
+            }
+            if self.peers.get(r.peer).is_none_or(Option::is_none) {
+                return inval(format!("receive from unconnected peer {}", r.peer));
+            }
+            if r.apply != Apply::Copy && red.is_none() {
+                return inval("reduction without an operator".into());
+            }
+            if r.deps.iter().any(|d| *d >= x.recvs.len())
+                || r.after.iter().any(|s| *s >= x.sends.len())
+            {
+                return inval("receive dependency out of range".into());
+            }
+        }
+        let chunk = self.cfg.chunk;
+        let slots = self.cfg.slots;
+        let nqp = self.cfg.qps;
+        let mut sent = vec![0usize; x.sends.len()];
+        let mut send_done = vec![false; x.sends.len()];
+        let mut got = vec![0usize; x.recvs.len()];
+        let mut recv_done = vec![false; x.recvs.len()];
+        let npeers = self.peers.len();
+        let mut sq: Vec<std::collections::VecDeque<usize>> = vec![Default::default(); npeers];
+        let mut rq: Vec<std::collections::VecDeque<usize>> = vec![Default::default(); npeers];
+        for (i, s) in x.sends.iter().enumerate() {
+            sq[s.peer].push_back(i);
+        }
+        for (i, r) in x.recvs.iter().enumerate() {
+            rq[r.peer].push_back(i);
+        }
+        let mut left = x.sends.len() + x.recvs.len();
+        loop {
+            self.status.check(phase)?;
+            let mut progressed = false;
+            // Sends: as far as credits and dependencies allow.
+            for p in 0..npeers {
+                while let Some(&i) = sq[p].front() {
+                    let s = &x.sends[i];
+                    let off = sent[i];
+                    let clen = chunk.min(s.src.len - off);
+                    let (a, b) = (s.src.off + off, s.src.off + off + clen);
+                    let ready = s.deps.iter().all(|&d| {
+                        let r = &x.recvs[d];
+                        if r.dst.buf != s.src.buf {
+                            return recv_done[d];
+                        }
+                        overlap_done(a, b, r.dst, got[d], recv_done[d])
+                    });
+                    // INVARIANT: checked above: every send's peer is connected.
+                    let peer = self.peers[p].as_mut().expect("INVARIANT: connected peer");
+                    if !ready || peer.tx_seq >= peer.tx_limit {
+                        break;
+                    }
+                    let seq = peer.tx_seq;
+                    let slot = (seq % slots as u64) as usize;
+                    let qp = &peer.qps[(seq % nqp as u64) as usize];
+                    let wr = SendWr {
+                        data: SendData::Inline(bufs[s.src.buf][a..b].to_vec()),
+                        ..SendWr::new(
+                            WR_DATA | seq,
+                            SendOp::RdmaWriteWithImm {
+                                remote_addr: peer.remote_addr + (slot * chunk) as u64,
+                                rkey: peer.remote_rkey,
+                                imm: imm(KIND_DATA, slot, clen),
+                            },
+                            Vec::new(),
+                        )
+                    };
+                    qp.post_send_coalesced(wr)
+                        .map_err(|e| CollError::Transport {
+                            rank,
+                            what: format!("posting a WRITE to rank {p} in {}: {e:?}", phase()),
+                        })?;
+                    self.outstanding += 1;
+                    peer.tx_seq += 1;
+                    sent[i] += clen;
+                    progressed = true;
+                    if sent[i] == s.src.len {
+                        send_done[i] = true;
+                        left -= 1;
+                        sq[p].pop_front();
+                    }
+                }
+            }
+            // Receives: apply every chunk that has arrived and may be applied.
+            for p in 0..npeers {
+                while let Some(&j) = rq[p].front() {
+                    let r = &x.recvs[j];
+                    // INVARIANT: checked above: every receive's peer is connected.
+                    let peer = self.peers[p].as_mut().expect("INVARIANT: connected peer");
+                    let slot = (peer.rx_seq % slots as u64) as usize;
+                    let Some(len) = peer.rx_len[slot] else { break };
+                    let off = got[j];
+                    let clen = chunk.min(r.dst.len - off);
+                    if len != clen {
+                        let why = format!(
+                            "protocol: chunk of {len} bytes where {clen} were expected (mismatched collective arguments?)"
+                        );
+                        self.status.set_failed(p, why.clone());
+                        return Err(CollError::PeerFailed {
+                            rank,
+                            peer: p,
+                            phase: phase(),
+                            reason: why,
+                        });
+                    }
+                    let (a, b) = (r.dst.off + off, r.dst.off + off + clen);
+                    let ready = r.deps.iter().all(|&d| {
+                        let q = &x.recvs[d];
+                        q.dst.buf != r.dst.buf || overlap_done(a, b, q.dst, got[d], recv_done[d])
+                    }) && r.after.iter().all(|&s| {
+                        let sx = &x.sends[s];
+                        sx.src.buf != r.dst.buf || overlap_done(a, b, sx.src, sent[s], send_done[s])
+                    });
+                    if !ready {
+                        break;
+                    }
+                    let dst = &mut bufs[r.dst.buf][a..b];
+                    let at = slot * chunk;
+                    let rerr = |e| CollError::Transport {
+                        rank,
+                        what: format!("reading receive slot: {e}"),
+                    };
+                    match (r.apply, red) {
+                        (Apply::Copy, _) => peer.rx.read(at, dst).map_err(rerr)?,
+                        (Apply::Reduce, Some((dt, op))) => {
+                            let tmp = &mut self.scratch[..clen];
+                            peer.rx.read(at, tmp).map_err(rerr)?;
+                            reduce_into(dt, op, dst, tmp)?;
+                        }
+                        (Apply::ReduceIncomingFirst, Some((dt, op))) => {
+                            let tmp = &mut self.scratch[..clen];
+                            peer.rx.read(at, tmp).map_err(rerr)?;
+                            reduce_into(dt, op, tmp, dst)?;
+                            dst.copy_from_slice(tmp);
+                        }
+                        (_, None) => return inval("reduction without an operator".into()),
+                    }
+                    peer.rx_len[slot] = None;
+                    peer.rx_seq += 1;
+                    peer.cts_pending += 1;
+                    if peer.cts_pending >= self.cts_batch() {
+                        self.grant(p).map_err(|what| CollError::Transport {
+                            rank,
+                            what: format!("{what} in {}", phase()),
+                        })?;
+                    }
+                    got[j] += clen;
+                    progressed = true;
+                    if got[j] == r.dst.len {
+                        recv_done[j] = true;
+                        left -= 1;
+                        rq[p].pop_front();
+                    }
+                }
+            }
+            if left == 0 {
+                return Ok(());
+            }
+            let waited = if progressed {
+                self.poll_and_handle(None)
+            } else {
+                let now = Instant::now();
+                if now >= deadline {
+                    let peer = rq
+                        .iter()
+                        .position(|q| !q.is_empty())
+                        .or_else(|| sq.iter().position(|q| !q.is_empty()));
+                    // The streams are out of step now (chunks of this operation may still
+                    // arrive): later operations must not consume them as their own.
+                    self.status.set_failed(
+                        peer.unwrap_or(rank),
+                        format!(
+                            "an earlier operation timed out in {} waiting for it; the \
+                             communicator is out of step (shrink or create a new one)",
+                            phase()
+                        ),
+                    );
+                    return Err(CollError::Timeout {
+                        rank,
+                        peer,
+                        phase: phase(),
+                        after: timeout,
+                    });
+                }
+                // About to wait: every credit held back goes now, so that no peer waits
+                // for one while we wait for it.
+                for p in 0..npeers {
+                    self.grant(p).map_err(|what| CollError::Transport {
+                        rank,
+                        what: format!("{what} in {}", phase()),
+                    })?;
+                }
+                self.poll_and_handle(Some((deadline - now).min(Duration::from_millis(10))))
+            };
+            if let Err((p, why)) = waited {
+                return Err(CollError::PeerFailed {
+                    rank,
+                    peer: p,
+                    phase: phase(),
+                    reason: why,
+                });
+            }
+        }
+    }
+}

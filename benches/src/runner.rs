@@ -154,7 +154,11 @@ struct Figure {
     metric: Metric,
     kind: &'static str,
     params: BTreeMap<&'static str, String>,
+    /// The kernel's best at the same size: the GSO/GRO blaster for bandwidth and rates, the
+    /// UDP ping-pong for latency (or, for the 2-QP row, one QP of ours).
     limit: String,
+    /// The second reference: the sendmmsg/recvmmsg blaster at the same size.
+    mmsg: Option<String>,
     /// libfabric, UCX.
     peers: [Option<String>; 2],
 }
@@ -208,7 +212,8 @@ fn figures(link: &Link) -> Vec<Figure> {
                     metric: Metric::Bandwidth,
                     kind,
                     params: p(&[("pmtu", pmtu.to_string()), ("size", size.to_string())]),
-                    limit: format!("limit/{l}/mmsg/{}", datagram_len(pmtu)),
+                    limit: format!("limit/{l}/gso/{}", datagram_len(pmtu)),
+                    mmsg: Some(format!("limit/{l}/mmsg/{}", datagram_len(pmtu))),
                     peers: [fabric, Some(format!("ucx/{l}/{ucx}/{size}"))],
                 });
             }
@@ -224,6 +229,7 @@ fn figures(link: &Link) -> Vec<Figure> {
             kind: "rc-write-bw-2qp",
             params: p(&[("pmtu", "4096".into()), ("size", "65536".into())]),
             limit: format!("ours/rc-write-bw/{l}/pmtu4096/65536"),
+            mmsg: None,
             peers: [None, None],
         });
     }
@@ -233,7 +239,8 @@ fn figures(link: &Link) -> Vec<Figure> {
         metric: Metric::Rate,
         kind: "ud-send-rate",
         params: p(&[("size", "64".into())]),
-        limit: format!("limit/{l}/mmsg/{UD64_LEN}"),
+        limit: format!("limit/{l}/gso/{UD64_LEN}"),
+        mmsg: Some(format!("limit/{l}/mmsg/{UD64_LEN}")),
         peers: [None, Some(format!("ucx/{l}/tag_bw/64"))],
     });
     v.push(Figure {
@@ -242,7 +249,8 @@ fn figures(link: &Link) -> Vec<Figure> {
         metric: Metric::Rate,
         kind: "atomic-rate",
         params: p(&[("size", "8".into())]),
-        limit: format!("limit/{l}/mmsg/{ATOMIC_LEN}"),
+        limit: format!("limit/{l}/gso/{ATOMIC_LEN}"),
+        mmsg: Some(format!("limit/{l}/mmsg/{ATOMIC_LEN}")),
         peers: [None, Some(format!("ucx/{l}/ucp_fadd/8"))],
     });
     for recv in RecvMode::ALL {
@@ -261,6 +269,7 @@ fn figures(link: &Link) -> Vec<Figure> {
                 kind,
                 params: p(&[("size", "64".into()), ("recv", recv.name().into())]),
                 limit: format!("limit/{l}/pingpong/{}/64", recv.name()),
+                mmsg: None,
                 peers: [fabric, ucx],
             });
         }
@@ -314,12 +323,14 @@ fn measurements(
             }
         }
         for size in [ATOMIC_LEN, UD64_LEN] {
-            add(
-                &mut ms,
-                format!("limit/{l}/mmsg/{size}"),
-                li,
-                stream(Mode::Mmsg, size),
-            );
+            for mode in [Mode::Mmsg, Mode::Gso] {
+                add(
+                    &mut ms,
+                    format!("limit/{l}/{}/{size}", mode.name()),
+                    li,
+                    stream(mode, size),
+                );
+            }
         }
         for recv in RecvMode::ALL {
             let mut c = PingPongConfig::new(64, recv);
@@ -733,7 +744,7 @@ fn render(ms: &[Measurement], figs: &[Figure], meta: &Value, opts: &Options) -> 
     let by_id: BTreeMap<&str, &Measurement> = ms.iter().map(|m| (m.id.as_str(), m)).collect();
     let get = |id: &str| by_id.get(id).copied();
     let mut table = format!(
-        "| figure | ours | limit | ours/limit | {} | ours/peer | {} | ours/peer |\n|---|---|---|---|---|---|---|---|\n",
+        "| figure | ours | limit | ours/limit | sendmmsg | ours/sendmmsg | {} | ours/peer | {} | ours/peer |\n|---|---|---|---|---|---|---|---|---|---|\n",
         PEERS[0], PEERS[1]
     );
     let mut jfigs = Vec::new();
@@ -741,6 +752,7 @@ fn render(ms: &[Measurement], figs: &[Figure], meta: &Value, opts: &Options) -> 
         let ours_id = format!("ours/{}", f.id);
         let ours = get(&ours_id);
         let limit = get(&f.limit);
+        let mmsg = f.mmsg.as_deref().and_then(get);
         let peers: Vec<Option<&Measurement>> =
             f.peers.iter().map(|p| p.as_deref().and_then(get)).collect();
         let has_ours = ours.is_some();
@@ -751,6 +763,12 @@ fn render(ms: &[Measurement], figs: &[Figure], meta: &Value, opts: &Options) -> 
             cell(ours, f.metric, "pending"),
             cell(limit, f.metric, "n/a"),
             fmt_ratio(ratio(ours, limit, f.metric), has_ours, limit.is_some())
+        );
+        let _ = write!(
+            table,
+            " {} | {} |",
+            cell(mmsg, f.metric, if f.mmsg.is_some() { "n/a" } else { "–" }),
+            fmt_ratio(ratio(ours, mmsg, f.metric), has_ours, mmsg.is_some())
         );
         for p in &peers {
             let _ = write!(
@@ -777,6 +795,7 @@ fn render(ms: &[Measurement], figs: &[Figure], meta: &Value, opts: &Options) -> 
             "params": f.params,
             "ours": ours.map_or(json!("pending"), |m| json!({"measurement": m.id, "value": m.summary(f.metric.key()), "p99_us": m.summary("p99_us"), "p999_us": m.summary("p999_us")})),
             "limit": jcell(limit, Some(&f.limit)),
+            "limit_sendmmsg": jcell(mmsg, f.mmsg.as_deref()),
             "peers": PEERS.iter().zip(&f.peers).zip(&peers).map(|((name, id), m)| json!({"peer": name, "cell": jcell(*m, id.as_deref())})).collect::<Vec<_>>(),
         }));
     }
@@ -821,14 +840,24 @@ fn markdown(ms: &[Measurement], table: &str, meta: &Value, opts: &Options) -> St
         opts.reps
     );
     let _ = writeln!(md, "Generated by `benches/run.sh` (`cargo run -p roce-benches --release --bin bench-all`); see `benches/README.md`.\n");
-    let _ = writeln!(md, "Bandwidth in 10^9 bytes/s of payload, rates in 10^6/s, latency = round-trip time in µs (median; p99, p99.9 where measured). The ratio is ours divided by the reference: higher is better for bandwidth and rates, lower for latency. The limit of a bandwidth row is the sendmmsg/recvmmsg blaster at the row's datagram size (12 + PMTU + 4 bytes), of a rate row the same at 88 B (UD SEND 64 B) or 44 B (atomic request), of a latency row the 64-byte UDP ping-pong in the same receive mode.\n");
+    let _ = writeln!(md, "Bandwidth in 10^9 bytes/s of payload, rates in 10^6/s, latency = round-trip time in µs (median; p99, p99.9 where measured). The ratio is ours divided by the reference: higher is better for bandwidth and rates, lower for latency. The limit is the kernel's best UDP path at the same size: of a bandwidth row the GSO→GRO blaster (UDP_SEGMENT sends of up to 64 datagrams, UDP_GRO receives) at the row's datagram size (12 + PMTU + 4 bytes), of a rate row the same at 88 B (UD SEND 64 B) or 44 B (atomic request), of a latency row the 64-byte UDP ping-pong in the same receive mode. The sendmmsg column is the second reference: the sendmmsg/recvmmsg blaster (64 datagrams per call) at the same size.\n");
     md.push_str(table);
     let _ = writeln!(md, "\n## The limit: raw UDP blaster\n");
     let _ = writeln!(md, "| link | size (PMTU) | plain GB/s | plain Mdgram/s | mmsg GB/s | mmsg Mdgram/s | GSO/GRO GB/s | GSO/GRO Mdgram/s |\n|---|---|---|---|---|---|---|---|");
     let by_id: BTreeMap<&str, &Measurement> = ms.iter().map(|m| (m.id.as_str(), m)).collect();
+    // The links the limit was measured on, in order (not every id's second field: `ours/`
+    // ids carry a figure kind there).
     let links: Vec<&str> = {
-        let mut v: Vec<&str> = ms.iter().filter_map(|m| m.id.split('/').nth(1)).collect();
-        v.dedup();
+        let mut v: Vec<&str> = Vec::new();
+        for l in ms
+            .iter()
+            .filter(|m| m.id.starts_with("limit/"))
+            .filter_map(|m| m.id.split('/').nth(1))
+        {
+            if !v.contains(&l) {
+                v.push(l);
+            }
+        }
         v
     };
     let val = |id: &str, key: &str, k: f64| {
@@ -849,6 +878,15 @@ fn markdown(ms: &[Measurement], table: &str, meta: &Value, opts: &Options) -> St
             ])
             .collect();
         for (size, label) in sizes {
+            // A row only where something at this size was measured (not with --only).
+            let measured = Mode::ALL.iter().any(|mode| {
+                by_id
+                    .get(format!("limit/{l}/{}/{size}", mode.name()).as_str())
+                    .is_some_and(|m| !m.runs.is_empty())
+            });
+            if !measured {
+                continue;
+            }
             let _ = write!(md, "| {l} | {label} |");
             for mode in Mode::ALL {
                 let id = format!("limit/{l}/{}/{size}", mode.name());
@@ -869,6 +907,9 @@ fn markdown(ms: &[Measurement], table: &str, meta: &Value, opts: &Options) -> St
     for l in &links {
         for r in RecvMode::ALL {
             let id = format!("limit/{l}/pingpong/{}/64", r.name());
+            if by_id.get(id.as_str()).is_none_or(|m| m.runs.is_empty()) {
+                continue;
+            }
             let _ = writeln!(
                 md,
                 "| {l} | {} | {} | {} | {} |",
@@ -984,10 +1025,57 @@ mod tests {
                 f.id,
                 f.limit
             );
-            for p in f.peers.iter().flatten() {
+            for p in f.peers.iter().flatten().chain(&f.mmsg) {
                 assert!(ids.contains(p.as_str()), "{}: {p}", f.id);
+            }
+            if f.metric != Metric::Latency && !f.limit.starts_with("ours/") {
+                assert!(f.limit.contains("/gso/"), "{}: the limit is GSO/GRO", f.id);
+                assert!(f.mmsg.is_some(), "{}: sendmmsg kept as a reference", f.id);
             }
         }
         assert_eq!(figs.len(), 3 * 2 * 3 + 1 + 2 + 3 * 2);
+    }
+
+    /// The limit tables list only links the limit was measured on, and only sizes with a
+    /// result; the main table shows the GSO/GRO limit and the sendmmsg reference.
+    #[test]
+    fn the_report_shows_gso_limits_and_no_empty_rows() {
+        let lo = Link::loopback();
+        let opts = Options::default();
+        let ours = BTreeMap::from([("rc-write-bw".to_string(), "true".to_string())]);
+        let (mut ms, figs) = measurements(&[&lo], &opts, &ours);
+        let put = |ms: &mut Vec<Measurement>, id: &str, key: &str, v: f64| {
+            let m = ms
+                .iter_mut()
+                .find(|m| m.id == id)
+                .unwrap_or_else(|| panic!("{id}"));
+            m.runs.push(BTreeMap::from([(key.to_string(), v)]));
+        };
+        put(&mut ms, "limit/lo/gso/4112", "bytes_per_s", 4.0e9);
+        put(&mut ms, "limit/lo/mmsg/4112", "bytes_per_s", 1.0e9);
+        put(
+            &mut ms,
+            "ours/rc-write-bw/lo/pmtu4096/65536",
+            "bytes_per_s",
+            2.0e9,
+        );
+        put(&mut ms, "limit/lo/pingpong/busy/64", "median_us", 7.0);
+        let r = render(&ms, &figs, &json!({}), &opts);
+        let row = r
+            .table
+            .lines()
+            .find(|l| l.starts_with("| RC WRITE BW 64 KiB PMTU 4096 lo |"))
+            .expect("the row");
+        assert!(row.contains("| 4.000 GB/s"), "{row}");
+        assert!(row.contains("| 0.50× |"), "ours / GSO limit: {row}");
+        assert!(row.contains("| 2.00× |"), "ours / sendmmsg: {row}");
+        let limit_rows: Vec<&str> = r
+            .markdown
+            .lines()
+            .filter(|l| l.starts_with("| lo |") || l.starts_with("| rc-"))
+            .collect();
+        assert_eq!(limit_rows.len(), 2, "{limit_rows:#?}");
+        assert!(limit_rows[0].starts_with("| lo | 4112 B (4096) |"));
+        assert!(limit_rows[1].starts_with("| lo | busy |"));
     }
 }

@@ -7,6 +7,7 @@
 //! tests run in parallel and touch nothing of the host's. Everything they start is killed when
 //! they end. Tests that need namespaces follow the testkit skip policy.
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
@@ -14,11 +15,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use roce_testkit::netns::{netns_or_skip, TempNetns};
+use roce_testkit::netns::{netns_or_skip, NetnsEnd, NetnsPair, TempNetns};
 use roce_testkit::proc::Proc;
 use roce_transport::control::sys::{read_frame, write_frame};
 use roce_transport::control::{
     ClientError, Connection, ControlError, Hello, Reply, Request, Resource, Role, Scope,
+    PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
 use roce_transport::{Device, DeviceConfig, OpenError, QpInit, QpType, VerbsError};
 use serde_json::Value;
@@ -48,30 +50,68 @@ impl Drop for TmpDir {
     }
 }
 
+/// A network namespace programs can run in: a [`TempNetns`] or one end of a [`NetnsPair`].
+trait InNs {
+    /// The namespace's name.
+    fn ns_name(&self) -> &str;
+
+    /// `program` run inside the namespace (`ip netns exec`, which execs it: same pid).
+    fn cmd(&self, program: &str) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", self.ns_name(), program]);
+        cmd
+    }
+}
+
+impl InNs for TempNetns {
+    fn ns_name(&self) -> &str {
+        self.name()
+    }
+}
+
+impl InNs for roce_testkit::netns::Netns {
+    fn ns_name(&self) -> &str {
+        self.name()
+    }
+}
+
+impl InNs for NetnsEnd {
+    fn ns_name(&self) -> &str {
+        Self::ns_name(self)
+    }
+}
+
 /// A running daemon: its socket, its log, the process (killed on drop).
 struct Daemon {
     proc: Option<Proc>,
     socket: PathBuf,
     dir: TmpDir,
+    /// The namespace it runs in (by name, for a restart).
+    ns: Option<String>,
 }
 
 impl Daemon {
     /// Starts `rocectl daemon` with `config` (TOML) appended to the socket's settings, in
     /// `ns` when given (else the host's namespace: only the Unix socket is used then).
     fn start(tag: &str, ns: Option<&TempNetns>, config: &str) -> Self {
+        Self::start_at(tag, ns.map(|n| n as &dyn InNs), "127.0.0.1", config)
+    }
+
+    /// As [`Self::start`], serving `address`, in any namespace.
+    fn start_at(tag: &str, ns: Option<&dyn InNs>, address: &str, config: &str) -> Self {
         let dir = TmpDir::new(tag);
         let socket = dir.0.join("rocectl.sock");
         let cfg = dir.0.join("rocectl.toml");
         std::fs::write(
             &cfg,
             format!(
-                "address = \"127.0.0.1\"\n{config}\n[socket]\npath = \"{}\"\nmode = 0o666\n",
+                "address = \"{address}\"\n{config}\n[socket]\npath = \"{}\"\nmode = 0o666\n",
                 socket.display()
             ),
         )
         .unwrap();
         let mut cmd = match ns {
-            Some(ns) => ns.command(ROCECTL),
+            Some(ns) => ns.cmd(ROCECTL),
             None => Command::new(ROCECTL),
         };
         cmd.args(["daemon", "--config"]).arg(&cfg);
@@ -81,20 +121,21 @@ impl Daemon {
             proc: Some(proc),
             socket,
             dir,
+            ns: ns.map(|n| n.ns_name().to_owned()),
         };
         d.wait_for_socket();
         d
     }
 
     /// Stops the daemon (SIGTERM, status 0) and starts it again on the same configuration,
-    /// in `ns` when given.
-    fn restart(&mut self, ns: Option<&TempNetns>) {
+    /// in the same namespace.
+    fn restart(&mut self) {
         signal(self.pid(), "-TERM");
         let out = self.proc.take().unwrap().wait(Duration::from_secs(5));
         assert!(out.success(), "{}", out.combined());
         let cfg = self.dir.0.join("rocectl.toml");
-        let mut cmd = match ns {
-            Some(ns) => ns.command(ROCECTL),
+        let mut cmd = match &self.ns {
+            Some(ns) => roce_testkit::netns::Netns::named(ns.clone()).cmd(ROCECTL),
             None => Command::new(ROCECTL),
         };
         cmd.args(["daemon", "--config"]).arg(&cfg);
@@ -264,8 +305,9 @@ fn a_hello_of_another_major_version_is_refused() {
         }
     ));
     assert!(
-        e.to_string()
-            .contains("client speaks 99.x, daemon speaks 1.0"),
+        e.to_string().contains(&format!(
+            "client speaks 99.x, daemon speaks {PROTOCOL_MAJOR}.{PROTOCOL_MINOR}"
+        )),
         "{e}"
     );
     // The daemon closed the connection after refusing.
@@ -699,18 +741,41 @@ fn man_pages_and_completions_come_from_the_cli_definition() {
 }
 
 /// A rocectl tool in `ns` using the daemon at `d`.
-fn tool(ns: &TempNetns, d: &Daemon, args: &[&str], what: &str) -> Proc {
-    let mut cmd = ns.command("env");
+fn tool(ns: &dyn InNs, d: &Daemon, args: &[&str], what: &str) -> Proc {
+    tool_as(ns, d, false, args, what)
+}
+
+/// A rocectl tool in `ns` using the daemon at `d`, as uid 65534 when `nobody`.
+fn tool_as(ns: &dyn InNs, d: &Daemon, nobody: bool, args: &[&str], what: &str) -> Proc {
+    let mut cmd = ns.cmd("env");
     cmd.arg(format!("ROCECTL_DAEMON_SOCKET={}", d.socket.display()));
+    if nobody {
+        cmd.args([
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ]);
+    }
     cmd.arg(ROCECTL).args(args);
     Proc::spawn(cmd, what, &d.dir.0).unwrap()
 }
 
-/// Many processes on one address, like on a NIC: three `rc-pingpong --chk` pairs and one
-/// `write-bw` pair (8 processes, each its own device on 127.0.0.1:4791) run at once through
-/// the daemon's kernel demultiplexer, every pingpong byte checked; a ninth and tenth process
-/// (another pingpong pair) are started too and the server is killed with SIGKILL mid-run,
-/// which must not disturb the others.
+/// The counter `name` of client `pid` in the daemon's `stat -j` (its last report).
+fn client_counter(d: &Daemon, pid: u32, name: &str) -> Option<u64> {
+    d.json(&["stat", "-j"])
+        .into_iter()
+        .find(|r| r["pid"] == pid)
+        .and_then(|r| r[name].as_u64())
+}
+
+/// Many processes on one address, like on a NIC, and `kill -9` mid-transfer: two
+/// `write-bw --chk` pairs and two `rc-pingpong --chk` pairs (8 processes, each its own device
+/// on 127.0.0.1:4791) run at once through the daemon's kernel demultiplexer, beside two victim
+/// pairs: the client of a `write-bw` stream is killed with SIGKILL once its server has taken
+/// megabytes, and the server of a pingpong too. The eight finish with every byte verified;
+/// each victim is reaped (the time printed), and its surviving peer fails with a clear error
+/// instead of hanging. No two clients listed at once share a QPN range.
 #[test]
 fn eight_processes_share_one_address_and_a_killed_one_disturbs_nobody() {
     if !netns_or_skip("eight_processes_share_one_address_and_a_killed_one_disturbs_nobody") {
@@ -718,153 +783,74 @@ fn eight_processes_share_one_address_and_a_killed_one_disturbs_nobody() {
     }
     let ns = TempNetns::create("dmn-many").unwrap();
     let d = Daemon::start("many", Some(&ns), "");
-    let limit = Duration::from_secs(120);
-    // The victim pair first, with far more iterations than the others need.
-    let victim = tool(
-        &ns,
-        &d,
+    let side = Side {
+        ns: &ns,
+        d: &d,
+        dev: "lo",
+    };
+    // The victims first, with far more iterations than the others need.
+    let victims = start_pairs(
+        &side,
+        &side,
+        "127.0.0.1",
         &[
-            "rc-pingpong",
-            "-d",
-            "lo",
-            "-p",
-            "18700",
-            "-n",
-            "100000000",
-            "--chk",
+            PairSpec::new("write-bw -n 10000000 -s 65536 --chk", 18_700),
+            PairSpec::new("rc-pingpong -n 100000000 --chk", 18_701),
         ],
-        "victim server",
     );
-    wait_for(Duration::from_secs(10), "the victim's QP", || {
-        (!d.clients_with_pid(victim.pid()).is_empty()).then_some(())
-    });
-    let victim_peer = tool(
-        &ns,
-        &d,
-        &[
-            "rc-pingpong",
-            "-d",
-            "lo",
-            "-p",
-            "18700",
-            "-n",
-            "100000000",
-            "--chk",
-            "127.0.0.1",
-        ],
-        "victim client",
-    );
-    let mut servers = Vec::new();
-    for i in 0..3u16 {
-        let port = (18_701 + i).to_string();
-        servers.push(tool(
-            &ns,
-            &d,
-            &[
-                "rc-pingpong",
-                "-d",
-                "lo",
-                "-p",
-                &port,
-                "-n",
-                "3000",
-                "--chk",
-            ],
-            "pingpong server",
-        ));
+    let mut specs: Vec<PairSpec> = (0..2)
+        .map(|i| PairSpec::new("write-bw -n 15000 -s 65536 --chk", 18_702 + i))
+        .collect();
+    specs.extend((0..2).map(|i| PairSpec::new("rc-pingpong -n 15000 --chk", 18_704 + i)));
+    let mut pairs = start_pairs(&side, &side, "127.0.0.1", &specs);
+    // No two clients listed at the same time share a QPN range.
+    for _ in 0..3 {
+        let rows = d.json(&["res", "show", "-j"]);
+        let mut slots: Vec<u64> = rows.iter().map(|r| r["slot"].as_u64().unwrap()).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        assert_eq!(
+            slots.len(),
+            rows.len(),
+            "two clients share a range: {rows:?}"
+        );
     }
-    servers.push(tool(
-        &ns,
-        &d,
-        &[
-            "write-bw", "-d", "lo", "-p", "18710", "-n", "2000", "-s", "65536",
-        ],
-        "write-bw server",
-    ));
-    // Clients after their servers listen (the servers register with the daemon first).
-    wait_for(Duration::from_secs(20), "four servers registered", || {
-        servers
-            .iter()
-            .all(|s| !d.clients_with_pid(s.pid()).is_empty())
-            .then_some(())
-    });
-    let mut clients = Vec::new();
-    for i in 0..3u16 {
-        let port = (18_701 + i).to_string();
-        clients.push(tool(
-            &ns,
-            &d,
-            &[
-                "rc-pingpong",
-                "-d",
-                "lo",
-                "-p",
-                &port,
-                "-n",
-                "3000",
-                "--chk",
-                "127.0.0.1",
-            ],
-            "pingpong client",
-        ));
-    }
-    clients.push(tool(
-        &ns,
-        &d,
-        &[
-            "write-bw",
-            "-d",
-            "lo",
-            "-p",
-            "18710",
-            "-n",
-            "2000",
-            "-s",
-            "65536",
-            "127.0.0.1",
-        ],
-        "write-bw client",
-    ));
-    // Every one of the ten is seen by the daemon, and no two clients listed at the same time
-    // share a QPN range.
-    let mut pids: Vec<u32> = servers.iter().chain(&clients).map(Proc::pid).collect();
-    pids.extend([victim.pid(), victim_peer.pid()]);
-    let mut seen = std::collections::HashSet::new();
+    // Mid-transfer: the write-bw victim's server has taken 16 MB, then its client dies.
+    let [wv, pv] = <[Pair; 2]>::try_from(victims).ok().unwrap();
     wait_for(
         Duration::from_secs(30),
-        "all ten clients in res show",
-        || {
-            let rows = d.json(&["res", "show", "-j"]);
-            let mut slots: Vec<u64> = rows.iter().map(|r| r["slot"].as_u64().unwrap()).collect();
-            slots.sort_unstable();
-            slots.dedup();
-            assert_eq!(
-                slots.len(),
-                rows.len(),
-                "two clients share a range: {rows:?}"
-            );
-            for r in &rows {
-                seen.insert(r["pid"].as_u64().unwrap() as u32);
-            }
-            pids.iter().all(|p| seen.contains(p)).then_some(())
-        },
+        "the victim stream under way",
+        || (client_counter(&d, wv.server.pid(), "rx_bytes")? > 16 << 20).then_some(()),
     );
-    // Mid-run: kill the victim's server.
-    let killed = Instant::now();
-    signal(victim.pid(), "-KILL");
-    wait_for(Duration::from_secs(10), "the victim reaped", || {
-        d.clients_with_pid(victim.pid()).is_empty().then_some(())
-    });
-    eprintln!(
-        "victim reaped {} ms after kill -9",
-        killed.elapsed().as_millis()
-    );
-    for p in servers.into_iter().chain(clients) {
-        let what = p.what().to_owned();
-        let out = p.wait(limit);
-        assert!(out.success(), "{what}: {}", out.combined());
+    for (victim, what) in [
+        (&wv.client, "write-bw client"),
+        (&pv.server, "pingpong server"),
+    ] {
+        let killed = Instant::now();
+        signal(victim.pid(), "-KILL");
+        wait_for(Duration::from_secs(10), "the victim reaped", || {
+            d.clients_with_pid(victim.pid()).is_empty().then_some(())
+        });
+        eprintln!(
+            "{what} reaped {} ms after kill -9 (seen by res show)",
+            killed.elapsed().as_millis()
+        );
     }
-    drop(victim_peer);
+    // The others were running all along.
+    for p in &mut pairs {
+        assert!(
+            !p.server.exited() && !p.client.exited(),
+            "{} ended before the kills: make it longer",
+            p.server.what()
+        );
+    }
+    let outs = finish_pairs(pairs, [&d, &d], Duration::from_secs(90));
+    assert_eq!(outs.len(), 4);
+    // The write stream's server lost its client: a clear error, not a hang.
+    let out = wv.server.wait(Duration::from_secs(20));
+    assert!(!out.success() && !out.timed_out, "{}", out.combined());
+    assert!(out.combined().contains("--chk"), "{}", out.combined());
+    drop(pv.client);
     let log = d.log();
     assert!(log.contains("client reaped (process exited)"), "{log}");
 }
@@ -878,10 +864,13 @@ impl Drop for BpfFs {
     }
 }
 
-/// Daemon restart in kernel-demux mode: with the demultiplexer pinned, a restarted daemon
-/// takes the same group back; a pingpong pair running across the restart finishes with every
-/// byte checked, a pair started after it runs too (the old pair's slots, which the new daemon
-/// never allocated, are skipped), and when the old pair exits its slots are quarantined.
+/// Daemon restart in kernel-demux mode under a sustained stream: with the demultiplexer
+/// pinned, a restarted daemon takes the same group back. Two `write-bw --chk` streams and a
+/// pingpong, all under way, run across the restart and finish with 0 failed work requests
+/// (every process exits 0, every request of every stream completed, no fatal NAK either
+/// way) and every byte verified; a pair started after the restart runs too (the old pairs'
+/// slots, which the new daemon never allocated, are skipped), and when the old pairs exit
+/// their slots are quarantined.
 #[test]
 fn a_restarted_daemon_keeps_established_clients_running() {
     if !netns_or_skip("a_restarted_daemon_keeps_established_clients_running") {
@@ -900,6 +889,7 @@ fn a_restarted_daemon_keeps_established_clients_running() {
         );
         return;
     }
+    const ITERS: u64 = 25_000;
     let ns = TempNetns::create("dmn-rst").unwrap();
     let pin = bpf.0 .0.join("group");
     let mut d = Daemon::start(
@@ -907,67 +897,97 @@ fn a_restarted_daemon_keeps_established_clients_running() {
         Some(&ns),
         &format!("[demux]\npin_dir = \"{}\"\n", pin.display()),
     );
-    let long = [
-        "rc-pingpong",
-        "-d",
-        "lo",
-        "-p",
-        "18720",
-        "-n",
-        "40000",
-        "--chk",
+    let stream = format!("write-bw -n {ITERS} -s 65536 --chk --json");
+    let specs = [
+        PairSpec::new(&stream, 18_720),
+        PairSpec::new(&stream, 18_721),
+        PairSpec::new("rc-pingpong -n 40000 --chk", 18_722),
     ];
-    let mut srv = tool(&ns, &d, &long, "long server");
-    wait_for(Duration::from_secs(10), "the long server", || {
-        (!d.clients_with_pid(srv.pid()).is_empty()).then_some(())
-    });
-    let mut with_host = long.to_vec();
-    with_host.push("127.0.0.1");
-    let mut cli = tool(&ns, &d, &with_host, "long client");
-    wait_for(Duration::from_secs(10), "the long pair running", || {
-        d.json(&["res", "show", "qp", "-j"])
+    let side = Side {
+        ns: &ns,
+        d: &d,
+        dev: "lo",
+    };
+    let mut long = start_pairs(&side, &side, "127.0.0.1", &specs);
+    let mut seen = vec![HashSet::new(); 2];
+    // Both streams under way (16 MB each into their servers).
+    wait_for(Duration::from_secs(30), "the streams under way", || {
+        note_clients(&[&d, &d], &mut seen);
+        long[..2]
             .iter()
-            .filter(|r| r["state"] == "RTS")
-            .count()
-            .ge(&2)
+            .all(|p| client_counter(&d, p.server.pid(), "rx_bytes").is_some_and(|b| b > 16 << 20))
             .then_some(())
     });
-    d.restart(Some(&ns));
-    assert!(
-        !srv.exited() && !cli.exited(),
-        "the long pair ended before the restart"
-    );
-    assert!(d.log().contains("taken back from its pin"), "{}", d.log());
-    // A new pair after the restart.
-    let short = [
-        "rc-pingpong",
-        "-d",
-        "lo",
-        "-p",
-        "18721",
-        "-n",
-        "300",
-        "--chk",
-    ];
-    let s2 = tool(&ns, &d, &short, "new server");
-    wait_for(Duration::from_secs(10), "the new server", || {
-        (!d.clients_with_pid(s2.pid()).is_empty()).then_some(())
-    });
-    let mut short_c = short.to_vec();
-    short_c.push("127.0.0.1");
-    let c2 = tool(&ns, &d, &short_c, "new client");
-    for p in [s2, c2, srv, cli] {
-        let what = p.what().to_owned();
-        let out = p.wait(Duration::from_secs(120));
-        assert!(out.success(), "{what}: {}", out.combined());
+    d.restart();
+    for p in &mut long {
+        assert!(
+            !p.server.exited() && !p.client.exited(),
+            "{} ended before the restart",
+            p.server.what()
+        );
     }
+    assert!(d.log().contains("taken back from its pin"), "{}", d.log());
+    // The long pair resumes its ranges with the new daemon (its sockets prove its slots):
+    // listed again, with its QPs.
+    let long_pids: Vec<u32> = long
+        .iter()
+        .flat_map(|p| [p.server.pid(), p.client.pid()])
+        .collect();
+    wait_for(Duration::from_secs(10), "the long pairs resumed", || {
+        let listed = long_pids
+            .iter()
+            .all(|&pid| !d.clients_with_pid(pid).is_empty());
+        (listed && d.log().matches("QPN range resumed").count() >= long_pids.len()).then_some(())
+    });
+    // A new pair after the restart.
+    let side = Side {
+        ns: &ns,
+        d: &d,
+        dev: "lo",
+    };
+    let new = start_pairs(
+        &side,
+        &side,
+        "127.0.0.1",
+        &[PairSpec::new("rc-pingpong -n 300 --chk", 18_723)],
+    );
+    assert_eq!(
+        finish_pairs(new, [&d, &d], Duration::from_secs(60)).len(),
+        1
+    );
+    let outs = finish_pairs_seen(long, [&d, &d], Duration::from_secs(60), seen);
+    let mut streams = 0;
+    for (spec, so, co) in &outs {
+        if spec.tool() != "write-bw" {
+            continue;
+        }
+        streams += 1;
+        let c = json_line(&co.stdout);
+        let s = json_line(&so.stdout);
+        assert_eq!(c["iters"], ITERS, "{c}");
+        assert_eq!(s["iters"], ITERS, "{s}");
+        for k in ["send_fatal_nak", "rcvd_fatal_nak"] {
+            assert_eq!(c[k], 0, "{k}: {c}");
+        }
+        eprintln!(
+            "stream :{} across the restart: {} requests, {} retransmitted packets, {} ACK timeouts",
+            spec.port, c["iters"], c["retransmitted_pkts"], c["ack_timeouts"]
+        );
+    }
+    assert_eq!(streams, 2);
     wait_for(
         Duration::from_secs(5),
-        "the old pair's slots quarantined",
+        "the old pairs (resumed) reaped and their slots quarantined",
         || {
-            d.log()
-                .contains("the member of an earlier daemon run left its QPN range")
-                .then_some(())
+            let log = d.log();
+            let reaped = long_pids
+                .iter()
+                .filter(|pid| {
+                    log.lines()
+                        .any(|l| l.contains("client reaped") && l.contains(&format!("pid={pid} ")))
+                })
+                .count();
+            (reaped == long_pids.len()).then_some(())
         },
     );
 }
@@ -1062,5 +1082,719 @@ fn forwarding_mode_serves_two_users_on_one_address() {
         out.combined().contains("already in use"),
         "{}",
         out.combined()
+    );
+}
+
+/// One client-server pair of rocectl tools: what both run (`tool` and its options; the client
+/// adds the server's address), the TCP port of their exchange, and who runs each side.
+#[derive(Clone)]
+struct PairSpec {
+    args: Vec<String>,
+    port: u16,
+    nobody_server: bool,
+    nobody_client: bool,
+}
+
+impl PairSpec {
+    fn new(args: &str, port: u16) -> Self {
+        Self {
+            args: args.split_whitespace().map(str::to_owned).collect(),
+            port,
+            nobody_server: false,
+            nobody_client: false,
+        }
+    }
+
+    fn users(mut self, nobody_server: bool, nobody_client: bool) -> Self {
+        self.nobody_server = nobody_server;
+        self.nobody_client = nobody_client;
+        self
+    }
+
+    fn tool(&self) -> &str {
+        &self.args[0]
+    }
+
+    fn who(&self, nobody: bool) -> &'static str {
+        if nobody {
+            "uid 65534"
+        } else {
+            "root"
+        }
+    }
+}
+
+/// Where one side of the pairs runs: its namespace, its daemon and its device (`-d`).
+struct Side<'a> {
+    ns: &'a dyn InNs,
+    d: &'a Daemon,
+    dev: &'a str,
+}
+
+/// A pair's two processes.
+struct Pair {
+    spec: PairSpec,
+    server: Proc,
+    client: Proc,
+}
+
+/// Starts every pair's server on `srv`, waits until each is registered with its daemon, then
+/// starts the clients on `cli`, connecting to `host`.
+fn start_pairs(srv: &Side<'_>, cli: &Side<'_>, host: &str, specs: &[PairSpec]) -> Vec<Pair> {
+    let argv = |spec: &PairSpec, side: &Side<'_>, host: Option<&str>| {
+        let mut a = spec.args.clone();
+        a.extend([
+            "-d".into(),
+            side.dev.into(),
+            "-p".into(),
+            spec.port.to_string(),
+        ]);
+        a.extend(host.map(str::to_owned));
+        a
+    };
+    let servers: Vec<Proc> = specs
+        .iter()
+        .map(|spec| {
+            let a = argv(spec, srv, None);
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            let what = format!(
+                "{} server :{} ({})",
+                spec.tool(),
+                spec.port,
+                spec.who(spec.nobody_server)
+            );
+            tool_as(srv.ns, srv.d, spec.nobody_server, &a, &what)
+        })
+        .collect();
+    wait_for(Duration::from_secs(20), "every server registered", || {
+        servers
+            .iter()
+            .all(|s| !srv.d.clients_with_pid(s.pid()).is_empty())
+            .then_some(())
+    });
+    servers
+        .into_iter()
+        .zip(specs)
+        .map(|(server, spec)| {
+            let a = argv(spec, cli, Some(host));
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            let what = format!(
+                "{} client :{} ({})",
+                spec.tool(),
+                spec.port,
+                spec.who(spec.nobody_client)
+            );
+            let client = tool_as(cli.ns, cli.d, spec.nobody_client, &a, &what);
+            Pair {
+                spec: spec.clone(),
+                server,
+                client,
+            }
+        })
+        .collect()
+}
+
+/// Every pid each daemon's `res show -j` lists now, added to `seen` (one set per daemon).
+fn note_clients(daemons: &[&Daemon], seen: &mut [HashSet<u32>]) {
+    for (d, set) in daemons.iter().zip(seen.iter_mut()) {
+        for r in d.json(&["res", "show", "-j"]) {
+            set.insert(r["pid"].as_u64().unwrap() as u32);
+        }
+    }
+}
+
+/// Waits for both processes of every pair, at most `limit` in all, watching the daemons'
+/// `res show -j` meanwhile. Asserts that every process exited 0, that every `--chk` perftest
+/// side reports its data verified, and that each daemon listed every process of its side
+/// (servers: `daemons[0]`, clients: `daemons[1]`, which may be the same daemon).
+fn finish_pairs(pairs: Vec<Pair>, daemons: [&Daemon; 2], limit: Duration) -> Vec<Finished> {
+    finish_pairs_seen(pairs, daemons, limit, vec![HashSet::new(); 2])
+}
+
+/// A pair's spec and both outputs (server, client).
+type Finished = (
+    PairSpec,
+    roce_testkit::proc::Output,
+    roce_testkit::proc::Output,
+);
+
+/// As [`finish_pairs`], counting the pids in `seen` (one set per daemon) as listed already.
+fn finish_pairs_seen(
+    pairs: Vec<Pair>,
+    daemons: [&Daemon; 2],
+    limit: Duration,
+    mut seen: Vec<HashSet<u32>>,
+) -> Vec<Finished> {
+    let deadline = Instant::now() + limit;
+    let mut pairs = pairs;
+    let pids: Vec<(u32, u32)> = pairs
+        .iter()
+        .map(|p| (p.server.pid(), p.client.pid()))
+        .collect();
+    loop {
+        note_clients(&daemons, &mut seen);
+        let done = pairs
+            .iter_mut()
+            .all(|p| p.server.exited() && p.client.exited());
+        if done || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut outs = Vec::new();
+    for p in pairs {
+        let left = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(1);
+        let (sw, cw) = (p.server.what().to_owned(), p.client.what().to_owned());
+        let so = p.server.wait(left);
+        let co = p.client.wait(Duration::from_secs(1));
+        assert!(
+            so.success(),
+            "{sw}: {}: {}",
+            so.status_text(),
+            so.combined()
+        );
+        assert!(
+            co.success(),
+            "{cw}: {}: {}",
+            co.status_text(),
+            co.combined()
+        );
+        if p.spec.args.iter().any(|a| a == "--chk") && p.spec.tool().ends_with("-bw") {
+            assert!(
+                so.stdout.contains("--chk: data verified: all"),
+                "{sw}: {}",
+                so.combined()
+            );
+            assert!(
+                co.stdout
+                    .contains("--chk: data verified by the server: all"),
+                "{cw}: {}",
+                co.combined()
+            );
+        }
+        outs.push((p.spec, so, co));
+    }
+    for (s, c) in pids {
+        assert!(
+            seen[0].contains(&s),
+            "server pid {s} never listed by its daemon"
+        );
+        assert!(
+            seen[1].contains(&c),
+            "client pid {c} never listed by its daemon"
+        );
+    }
+    outs
+}
+
+/// The perftest `--json` line of a tool's output.
+fn json_line(out: &str) -> Value {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("{\"tool\""))
+        .unwrap_or_else(|| panic!("no --json line in {out}"));
+    serde_json::from_str(line).unwrap()
+}
+
+/// The issue's first proof: many processes on one address, across two namespaces joined by a
+/// veth pair, a daemon (kernel demux) in each. Four `write-bw --chk` pairs and two
+/// `rc-pingpong --chk` pairs (12 processes: the servers share namespace A's address, the
+/// clients namespace B's) run at once; every process exits 0, every write-bw server finds
+/// its whole buffer as the last request of its own client left it (and the client hears so),
+/// every pingpong byte is checked, and each daemon listed every process on its side.
+#[test]
+fn twelve_processes_on_one_address_per_namespace_all_data_verified() {
+    if !netns_or_skip("twelve_processes_on_one_address_per_namespace_all_data_verified") {
+        return;
+    }
+    let pair = NetnsPair::create("dmn-2ns").unwrap();
+    let (a, b) = (pair.a(), pair.b());
+    let da = Daemon::start_at("2ns-a", Some(a), &a.ipv4().to_string(), "");
+    let db = Daemon::start_at("2ns-b", Some(b), &b.ipv4().to_string(), "");
+    let mut specs: Vec<PairSpec> = (0..4)
+        .map(|i| PairSpec::new("write-bw -n 2000 -s 65536 --chk", 18_800 + i))
+        .collect();
+    specs.extend((0..2).map(|i| PairSpec::new("rc-pingpong -n 2000 --chk", 18_810 + i)));
+    let t = Instant::now();
+    let pairs = start_pairs(
+        &Side {
+            ns: a,
+            d: &da,
+            dev: "veth-a",
+        },
+        &Side {
+            ns: b,
+            d: &db,
+            dev: "veth-b",
+        },
+        &a.ipv4().to_string(),
+        &specs,
+    );
+    let outs = finish_pairs(pairs, [&da, &db], Duration::from_secs(60));
+    eprintln!(
+        "{} processes on two addresses, all data verified, in {} ms",
+        2 * outs.len(),
+        t.elapsed().as_millis()
+    );
+    // Each daemon allocated a range to each of its six processes, and no other.
+    for (d, n) in [(&da, 6), (&db, 6)] {
+        let log = d.log();
+        assert_eq!(log.matches("QPN range allocated").count(), n, "{log}");
+    }
+}
+
+/// The attacker of [`forwarding_keeps_each_users_traffic_and_memory_its_own`]: a Python
+/// program (run as uid 65534) that reads its orders from the JSON file named by its argument
+/// and prints what happened as one JSON line.
+const ATTACKER: &str = r#"
+import errno, json, os, socket, struct, sys
+cfg = json.load(open(sys.argv[1]))
+out = {"open": {}, "bind": {}, "sent": 0, "control": []}
+def err(e):
+    return errno.errorcode.get(e.errno, str(e.errno))
+for p in cfg["paths"]:
+    try:
+        os.close(os.open(p, os.O_RDONLY))
+        out["open"][p] = "ok"
+    except OSError as e:
+        out["open"][p] = err(e)
+for name, host, reuseaddr, reuseport in cfg["binds"]:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    if reuseaddr:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuseport:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        s.bind((host, 4791))
+        out["bind"][name] = "ok"
+    except OSError as e:
+        out["bind"][name] = err(e)
+    s.close()
+c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+c.connect(cfg["socket"])
+def recv_exact(n):
+    b = b""
+    while len(b) < n:
+        chunk = c.recv(n - len(b))
+        if not chunk:
+            raise EOFError("daemon closed")
+        b += chunk
+    return b
+for req in cfg["requests"]:
+    body = req.encode()
+    c.sendall(struct.pack(">I", len(body)) + body)
+    (n,) = struct.unpack(">I", recv_exact(4))
+    out["control"].append(json.loads(recv_exact(n)))
+c.close()
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = IP_PMTUDISC_DO: DF, so IP ID 0
+s.bind((cfg["src"], cfg["sport"]))
+for h in cfg["packets"]:
+    out["sent"] += s.sendto(bytes.fromhex(h), (cfg["dst"], 4791)) > 0
+print(json.dumps(out))
+"#;
+
+/// The UDP payload (BTH, RETH, 64 bytes of 0xEE, ICRC) of a forged RC RDMA WRITE ONLY to
+/// `qpn` at `psn`, `rkey`, `va`, sent from `src:sport` to `dst:4791` with DF (IP ID 0, as the
+/// kernel sends it from an unconnected socket), so that its ICRC verifies.
+fn forged_write(
+    src: std::net::Ipv4Addr,
+    sport: u16,
+    dst: std::net::Ipv4Addr,
+    qpn: u32,
+    psn: u32,
+    rkey: u32,
+    va: u64,
+) -> Vec<u8> {
+    use roce_wire::frame::{IpRepr, Ipv4Repr, UdpRepr};
+    use roce_wire::{bth, reth, Caps, Ext, FrameRepr, Opcode, PacketRepr, Psn, Qpn, RKey};
+    let frame = FrameRepr {
+        eth: None,
+        ip: IpRepr::V4(Ipv4Repr {
+            src,
+            dst,
+            tos: 0,
+            ident: 0,
+            dont_fragment: true,
+            ttl: 64,
+        }),
+        udp: UdpRepr {
+            src_port: sport,
+            dst_port: 4791,
+            checksum: 0,
+        },
+    };
+    let payload = [0xEE_u8; 64];
+    let ext = Ext {
+        reth: Some(reth::Repr {
+            va,
+            rkey: RKey::new(rkey),
+            dma_len: 64,
+        }),
+        ..Ext::default()
+    };
+    let packet = PacketRepr::new(
+        bth::Repr::new(Opcode::RcRdmaWriteOnly, Qpn::new(qpn), Psn::new(psn)),
+        ext,
+        &payload,
+    );
+    let mut buf = vec![0u8; frame.buffer_len(&packet)];
+    frame.emit(&packet, &mut buf, &Caps::default());
+    assert!(roce_wire::icrc::verify(&buf), "the forged packet's ICRC");
+    buf[frame.header_len()..].to_vec()
+}
+
+/// The ring memory (`memfd:rocectl-rx-ring`) descriptors of process `pid`, as
+/// `/proc/PID/fd/N`, and its mappings of ring memory as `/proc/PID/map_files/RANGE`.
+fn ring_paths(pid: u32) -> Vec<String> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+    {
+        let target = std::fs::read_link(e.path()).unwrap_or_default();
+        if target.to_string_lossy().contains("memfd:rocectl-rx-ring") {
+            v.push(e.path().display().to_string());
+        }
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    for l in maps.lines().filter(|l| l.contains("rocectl-rx-ring")) {
+        let range = l.split_whitespace().next().unwrap();
+        v.push(format!("/proc/{pid}/map_files/{range}"));
+    }
+    v
+}
+
+/// The issue's multi-user proof: forwarding mode, two users, two namespaces (a forwarding
+/// daemon in each). Five pairs mixed across root and uid 65534 (`write-bw --chk` root/root,
+/// nobody/nobody, root/nobody, nobody/root, and an `rc-pingpong --chk` nobody/root) run at
+/// once and all finish with every byte verified, while a uid-65534 attacker next to the
+/// root servers tries to cross, and fails each time for the right reason:
+///
+/// - **memory**: opening a root server's ring memory (its memfd descriptor, its mapping, its
+///   `/proc/PID/mem`) or the daemon's mapping of it: EACCES/EPERM (ptrace access rules; root
+///   can open the same paths, so they are the real rings);
+/// - **traffic**: binding the daemon's `IP:4791` (plain, with `SO_REUSEPORT`, or the wildcard
+///   with `SO_REUSEADDR` and `SO_REUSEPORT`) to receive in its place: EADDRINUSE (the daemon
+///   holds the port alone and is another user);
+/// - **control**: asking the daemon for a QPN range gives a fresh one, never a range another
+///   client holds, and a second request is refused (already has a range);
+/// - **views**: `res show qp` shows the attacker the QPNs of root's QPs but not their PSNs;
+/// - **forged packets**: RDMA WRITEs to the streaming root server's QP, with every rkey of
+///   the first two key-table entries and guessed PSNs, are delivered to that server's ring
+///   and dropped by its QP (sequence NAK, PSN drop or duplicate, counted; none fails the
+///   ICRC), and its whole buffer is still exactly what its own client wrote; forged WRITEs to
+///   a QPN nobody owns are dropped by the daemon (`rx-drop-no-owner`).
+#[test]
+fn forwarding_keeps_each_users_traffic_and_memory_its_own() {
+    const TEST: &str = "forwarding_keeps_each_users_traffic_and_memory_its_own";
+    if !netns_or_skip(TEST) {
+        return;
+    }
+    let Some(python) = ["/usr/bin/python3", "/usr/local/bin/python3"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+    else {
+        roce_testkit::skip(TEST, "no system python3 for the uid-65534 attacker");
+        return;
+    };
+    let pair = NetnsPair::create("dmn-fwd2").unwrap();
+    let (a, b) = (pair.a(), pair.b());
+    let fwd = "mode = \"forwarding\"\n";
+    let da = Daemon::start_at("fwd2-a", Some(a), &a.ipv4().to_string(), fwd);
+    let db = Daemon::start_at("fwd2-b", Some(b), &b.ipv4().to_string(), fwd);
+    let specs = [
+        // The attack target: a root server with a long stream.
+        PairSpec::new("write-bw -n 20000 -s 65536 --chk", 18_830).users(false, false),
+        PairSpec::new("write-bw -n 3000 -s 65536 --chk", 18_831).users(true, true),
+        PairSpec::new("write-bw -n 3000 -s 65536 --chk", 18_832).users(false, true),
+        PairSpec::new("write-bw -n 3000 -s 65536 --chk", 18_833).users(true, false),
+        PairSpec::new("rc-pingpong -n 2000 --chk", 18_834).users(true, false),
+    ];
+    let mut pairs = start_pairs(
+        &Side {
+            ns: a,
+            d: &da,
+            dev: "veth-a",
+        },
+        &Side {
+            ns: b,
+            d: &db,
+            dev: "veth-b",
+        },
+        &a.ipv4().to_string(),
+        &specs,
+    );
+    let target = pairs[0].server.pid();
+    // The target's stream under way.
+    wait_for(
+        Duration::from_secs(30),
+        "the target stream under way",
+        || (client_counter(&da, target, "rx_bytes")? > 16 << 20).then_some(()),
+    );
+    let before = da
+        .json(&["stat", "-j"])
+        .into_iter()
+        .find(|r| r["pid"] == target)
+        .unwrap();
+    let rows = da.json(&["res", "show", "qp", "-j"]);
+    let tq = rows.iter().find(|r| r["pid"] == target).unwrap();
+    let qpn = tq["lqpn"].as_u64().unwrap() as u32;
+    let held: HashSet<u64> = da
+        .json(&["res", "show", "-j"])
+        .iter()
+        .map(|r| r["slot"].as_u64().unwrap())
+        .collect();
+    // What the attacker is given: the root server's ring paths (and the daemon's), which
+    // root itself can open.
+    let mut paths = ring_paths(target);
+    paths.push(format!("/proc/{target}/mem"));
+    let daemon_paths = ring_paths(da.pid());
+    assert!(
+        paths.iter().any(|p| p.contains("/fd/")) && !daemon_paths.is_empty(),
+        "no ring memory found: {paths:?} {daemon_paths:?}"
+    );
+    paths.extend(daemon_paths);
+    for p in &paths {
+        assert!(std::fs::File::open(p).is_ok(), "root cannot open {p}");
+    }
+    let (src, dst, sport) = (a.ipv4(), a.ipv4(), 40_791u16);
+    let mut packets = Vec::new();
+    let mut guess = 0x9E37_79B9u32;
+    for rkey in 0..512u32 {
+        guess = guess.wrapping_mul(0x0101_0101).wrapping_add(0x2545_F491);
+        packets.push(forged_write(
+            src,
+            sport,
+            dst,
+            qpn,
+            guess & 0xFF_FFFF,
+            rkey,
+            0x1000,
+        ));
+    }
+    // A QPN in a slot nobody holds (the last of 255).
+    let no_owner = 255 * 65_536 + 0x42;
+    let orphan: Vec<Vec<u8>> = (0..16)
+        .map(|k| forged_write(src, sport, dst, no_owner, k, 0, 0))
+        .collect();
+    packets.extend(orphan);
+    let requests = [
+        serde_json::to_string(&Request::Hello(Hello::new(Role::Device))).unwrap(),
+        serde_json::to_string(&Request::AllocRange {
+            device: "attacker".into(),
+        })
+        .unwrap(),
+        serde_json::to_string(&Request::AllocRange {
+            device: "attacker".into(),
+        })
+        .unwrap(),
+    ];
+    let orders = serde_json::json!({
+        "paths": paths,
+        "binds": [
+            ["specific", a.ipv4().to_string(), false, false],
+            ["specific+reuseport", a.ipv4().to_string(), false, true],
+            ["wildcard+reuseaddr+reuseport", "0.0.0.0", true, true],
+        ],
+        "socket": da.socket,
+        "requests": requests,
+        "src": src.to_string(),
+        "dst": dst.to_string(),
+        "sport": sport,
+        "packets": packets.iter().map(|p| p.iter().map(|b| format!("{b:02x}")).collect::<String>()).collect::<Vec<_>>(),
+    });
+    let file = da.dir.0.join("orders.json");
+    std::fs::write(&file, orders.to_string()).unwrap();
+    let mut cmd = a.cmd("setpriv");
+    cmd.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        python,
+        "-c",
+        ATTACKER,
+    ])
+    .arg(&file);
+    let out = Proc::spawn(cmd, "attacker", &da.dir.0)
+        .unwrap()
+        .wait(Duration::from_secs(30));
+    assert!(out.success(), "attacker: {}", out.combined());
+    let got: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    // Memory.
+    for p in &paths {
+        let e = got["open"][p].as_str().unwrap();
+        assert!(e == "EACCES" || e == "EPERM", "uid 65534 opening {p}: {e}");
+    }
+    // Traffic.
+    for (name, e) in got["bind"].as_object().unwrap() {
+        assert_eq!(e, "EADDRINUSE", "uid 65534 binding 4791 ({name})");
+    }
+    assert_eq!(got["bind"].as_object().unwrap().len(), 3);
+    // Control.
+    let ctl = got["control"].as_array().unwrap();
+    assert_eq!(ctl[0]["reply"], "welcome", "{ctl:?}");
+    let slot = ctl[1]["slot"].as_u64().unwrap_or_else(|| panic!("{ctl:?}"));
+    assert!(
+        !held.contains(&slot),
+        "the attacker got held slot {slot}: {held:?}"
+    );
+    assert!(
+        ctl[2].to_string().contains("already"),
+        "a second range: {ctl:?}"
+    );
+    // Views: as uid 65534, root's QPs without their PSNs; root sees them.
+    let mut view = a.cmd("setpriv");
+    view.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        ROCECTL,
+        "res",
+        "show",
+        "qp",
+        "-j",
+        "--socket",
+    ])
+    .arg(&da.socket);
+    let v = view.output().unwrap();
+    assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stderr));
+    let theirs: Vec<Value> = serde_json::from_slice(&v.stdout).unwrap();
+    let root_rows: Vec<&Value> = theirs.iter().filter(|r| r["uid"] == 0).collect();
+    assert!(!root_rows.is_empty(), "{theirs:?}");
+    for r in &root_rows {
+        assert!(r["lqpn"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(
+            (r["sq-psn"].as_u64(), r["rq-psn"].as_u64()),
+            (Some(0), Some(0)),
+            "uid 65534 sees a root QP's PSNs: {r}"
+        );
+    }
+    let mine = theirs.iter().filter(|r| r["uid"] == 65534).count();
+    assert!(mine > 0, "{theirs:?}");
+    // Forged packets: delivered to the target's ring and dropped by its QP, counted.
+    assert_eq!(got["sent"], packets.len());
+    let drops = |r: &Value| {
+        ["out_of_seq_request", "duplicate_request", "qp_drops"]
+            .iter()
+            .map(|k| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}")))
+            .sum::<u64>()
+    };
+    let after = wait_for(
+        Duration::from_secs(10),
+        "the forged packets counted",
+        || {
+            let r = da
+                .json(&["stat", "-j"])
+                .into_iter()
+                .find(|r| r["pid"] == target)?;
+            (drops(&r) >= drops(&before) + 512).then_some(r)
+        },
+    );
+    assert_eq!(after["icrc_errors"], before["icrc_errors"], "{after}");
+    assert_eq!(
+        after["send_fatal_nak"], 0,
+        "a forged packet was executed: {after}"
+    );
+    let daemon = wait_for(Duration::from_secs(5), "the no-owner drops", || {
+        let d = da.json(&["stat", "-j"]).pop()?;
+        (d["rx-drop-no-owner"].as_u64()? >= 16).then_some(d)
+    });
+    eprintln!(
+        "forged: 512 to root's QP {qpn:#x} dropped by it ({} -> {} PSN drops, NAKs and duplicates), 16 to no owner; daemon: {daemon}",
+        drops(&before),
+        drops(&after)
+    );
+    assert!(
+        !pairs[0].server.exited(),
+        "the target stream ended before the attack did: make it longer"
+    );
+    // Every pair, the target's too, finishes with its whole buffer verified.
+    let outs = finish_pairs(pairs, [&da, &db], Duration::from_secs(90));
+    assert_eq!(outs.len(), 5);
+    for d in [&da, &db] {
+        let log = d.log();
+        assert!(log.contains("uid=65534") && log.contains("uid=0"), "{log}");
+    }
+}
+
+/// `write-bw --chk` fails when the data is wrong: a server whose buffer has one byte flipped
+/// before it checks (`--chk-corrupt`, the hook for this test) exits 1 naming the byte, and so
+/// does its client, told by the server's verdict; a client without `--chk` facing a `--chk`
+/// server makes both fail with a clear error rather than pass unchecked.
+#[test]
+fn write_bw_chk_fails_on_a_corrupted_buffer() {
+    if !netns_or_skip("write_bw_chk_fails_on_a_corrupted_buffer") {
+        return;
+    }
+    let ns = TempNetns::create("dmn-chk").unwrap();
+    let d = Daemon::start("chk", Some(&ns), "");
+    let run = |server: &str, client: &str, port: u16| {
+        let srv = format!("{server} -d lo -p {port}");
+        let srv = tool(
+            &ns,
+            &d,
+            &srv.split_whitespace().collect::<Vec<_>>(),
+            "chk server",
+        );
+        wait_for(Duration::from_secs(10), "the server registered", || {
+            (!d.clients_with_pid(srv.pid()).is_empty()).then_some(())
+        });
+        let cli = format!("{client} -d lo -p {port} 127.0.0.1");
+        let cli = tool(
+            &ns,
+            &d,
+            &cli.split_whitespace().collect::<Vec<_>>(),
+            "chk client",
+        );
+        (
+            srv.wait(Duration::from_secs(30)),
+            cli.wait(Duration::from_secs(30)),
+        )
+    };
+    // 70000 is byte 4464 of the target half (64 KiB + 64 B of a 64 KiB test).
+    let (s, c) = run(
+        "write-bw -n 300 -s 65536 --chk --chk-corrupt 70000",
+        "write-bw -n 300 -s 65536 --chk",
+        18_850,
+    );
+    assert_eq!(s.code, Some(1), "{}", s.combined());
+    assert_eq!(c.code, Some(1), "{}", c.combined());
+    assert!(
+        s.stderr.contains("data check failed: 1 of the 131072 bytes of the buffer differ; the first at offset 70000: target byte 4464"),
+        "{}",
+        s.combined()
+    );
+    assert!(
+        c.stderr
+            .contains("the server found 1 of the 131072 bytes of its buffer wrong"),
+        "{}",
+        c.combined()
+    );
+    // The same without the flip passes (so the failure above is the flip's).
+    let (s, c) = run(
+        "write-bw -n 300 -s 65536 --chk",
+        "write-bw -n 300 -s 65536 --chk",
+        18_851,
+    );
+    assert!(
+        s.success() && c.success(),
+        "{}\n{}",
+        s.combined(),
+        c.combined()
+    );
+    // One side without --chk: both fail.
+    let (s, c) = run("write-bw -n 300 --chk", "write-bw -n 300", 18_852);
+    assert_eq!(
+        (s.code, c.code),
+        (Some(1), Some(1)),
+        "{}\n{}",
+        s.combined(),
+        c.combined()
+    );
+    assert!(
+        s.stderr.contains("give --chk to both sides"),
+        "{}",
+        s.combined()
     );
 }

@@ -53,6 +53,7 @@ struct Slot {
 pub struct Handle {
     slot: Arc<Slot>,
     limit: Duration,
+    rank: usize,
 }
 
 impl std::fmt::Debug for Handle {
@@ -90,7 +91,7 @@ impl Handle {
             let now = Instant::now();
             if now >= deadline {
                 return Err(CollError::Timeout {
-                    rank: usize::MAX,
+                    rank: self.rank,
                     peer: None,
                     phase: "waiting for a handle".into(),
                     after: self.limit * 2,
@@ -897,6 +898,7 @@ impl Communicator {
         Ok(Handle {
             slot,
             limit: timeout,
+            rank: self.shared.rank,
         })
     }
 

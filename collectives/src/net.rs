@@ -189,6 +189,8 @@ struct Peer {
     tx_limit: u64,
     rx_seq: u64,
     rx_len: Vec<Option<usize>>,
+    /// Slots consumed but not yet granted back (credits are returned in batches).
+    cts_pending: usize,
 }
 
 /// Data-path settings.
@@ -296,6 +298,7 @@ impl Net {
                 tx_limit: cfg.slots as u64,
                 rx_seq: 0,
                 rx_len: vec![None; cfg.slots],
+                cts_pending: 0,
             }));
         }
         Ok(Self {
@@ -417,7 +420,7 @@ impl Net {
                                 err.get_or_insert((p, why));
                             }
                         }
-                        KIND_CTS => peer.tx_limit += 1,
+                        KIND_CTS => peer.tx_limit += len as u64,
                         _ => {
                             err.get_or_insert((
                                 p,
@@ -466,6 +469,39 @@ impl Net {
         let r = self.handle(&wc[..n]);
         self.wc = wc;
         r.map(|()| n > 0)
+    }
+
+    /// Credits are granted back in batches of this many (half the slots): a CTS per
+    /// batch instead of per chunk; whatever is held back goes before this rank waits.
+    fn cts_batch(&self) -> usize {
+        (self.cfg.slots / 2).max(1)
+    }
+
+    /// Grants peer `p` the slots consumed since the last grant (one CTS carrying the count).
+    fn grant(&mut self, p: usize) -> Result<(), String> {
+        let nqp = self.cfg.qps as u64;
+        let Some(peer) = self.peers.get_mut(p).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        if peer.cts_pending == 0 {
+            return Ok(());
+        }
+        let qp = &peer.qps[(peer.rx_seq % nqp) as usize];
+        let cts = SendWr {
+            data: SendData::Inline(Vec::new()),
+            signaled: false,
+            ..SendWr::new(
+                0,
+                SendOp::SendWithImm {
+                    imm: imm(KIND_CTS, 0, peer.cts_pending),
+                },
+                Vec::new(),
+            )
+        };
+        qp.post_send(cts)
+            .map_err(|e| format!("posting a CTS to rank {p}: {e:?}"))?;
+        peer.cts_pending = 0;
+        Ok(())
     }
 
     /// Runs one transfer phase over `bufs` until done, or fails (timeout at `deadline`,
@@ -639,23 +675,14 @@ impl Net {
                         (_, None) => return inval("reduction without an operator".into()),
                     }
                     peer.rx_len[slot] = None;
-                    let qp = &peer.qps[(peer.rx_seq % nqp as u64) as usize];
                     peer.rx_seq += 1;
-                    let cts = SendWr {
-                        data: SendData::Inline(Vec::new()),
-                        signaled: false,
-                        ..SendWr::new(
-                            0,
-                            SendOp::SendWithImm {
-                                imm: imm(KIND_CTS, slot, 0),
-                            },
-                            Vec::new(),
-                        )
-                    };
-                    qp.post_send(cts).map_err(|e| CollError::Transport {
-                        rank,
-                        what: format!("posting a CTS to rank {p} in {}: {e:?}", phase()),
-                    })?;
+                    peer.cts_pending += 1;
+                    if peer.cts_pending >= self.cts_batch() {
+                        self.grant(p).map_err(|what| CollError::Transport {
+                            rank,
+                            what: format!("{what} in {}", phase()),
+                        })?;
+                    }
                     got[j] += clen;
                     progressed = true;
                     if got[j] == r.dst.len {
@@ -677,12 +704,30 @@ impl Net {
                         .iter()
                         .position(|q| !q.is_empty())
                         .or_else(|| sq.iter().position(|q| !q.is_empty()));
+                    // The streams are out of step now (chunks of this operation may still
+                    // arrive): later operations must not consume them as their own.
+                    self.status.set_failed(
+                        peer.unwrap_or(rank),
+                        format!(
+                            "an earlier operation timed out in {} waiting for it; the \
+                             communicator is out of step (shrink or create a new one)",
+                            phase()
+                        ),
+                    );
                     return Err(CollError::Timeout {
                         rank,
                         peer,
                         phase: phase(),
                         after: timeout,
                     });
+                }
+                // About to wait: every credit held back goes now, so that no peer waits
+                // for one while we wait for it.
+                for p in 0..npeers {
+                    self.grant(p).map_err(|what| CollError::Transport {
+                        rank,
+                        what: format!("{what} in {}", phase()),
+                    })?;
                 }
                 self.poll_and_handle(Some((deadline - now).min(Duration::from_millis(10))))
             };

@@ -306,9 +306,14 @@ pub(crate) fn exchange(
         .bytes(blob);
     write_frame(&mut c, &e.0).map_err(|e| fail(format!("store {addr}: {e}")))?;
     let left = deadline.saturating_duration_since(Instant::now());
-    // A little past our deadline: the store's own rank gives up at about the same time and
-    // then tells us who never came.
-    let _ = c.set_read_timeout(Some(left + Duration::from_millis(250)));
+    // The store's own rank (rank 0) gives up at its deadline and then tells the others who
+    // never came; they wait a little longer for that.
+    let grace = if rank == 0 {
+        Duration::ZERO
+    } else {
+        Duration::from_millis(500)
+    };
+    let _ = c.set_read_timeout(Some(left.max(Duration::from_millis(1)) + grace));
     let reply = match read_frame(&mut c) {
         Ok(r) => r,
         Err(e)

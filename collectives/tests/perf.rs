@@ -7,6 +7,15 @@ use std::time::{Duration, Instant};
 
 use roce_collectives::{Algorithm, CommOptions, ReduceOp};
 
+/// The test options over the `ROCECTL_COLL_*` environment (chunk, slots, QPs... to compare).
+fn opts() -> CommOptions {
+    let env = CommOptions::from_env().expect("ROCECTL_COLL_* parse");
+    CommOptions {
+        device: common::opts(common::block()).device,
+        ..env
+    }
+}
+
 fn load() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
@@ -46,17 +55,17 @@ fn bench(n: usize, bytes: usize, iters: usize, o: CommOptions) -> (Duration, f64
 fn loopback_latency_and_bandwidth_are_printed() {
     let la = load();
     for busy in [false, true] {
-        let mut o = common::opts(common::block());
+        let mut o = opts();
         o.busy_poll = busy;
         let (t, _) = bench(2, 4096, 300, o);
         eprintln!("np=2 4 KiB allreduce median {t:?} (busy_poll={busy}; load {la})");
     }
-    let mut o = common::opts(common::block());
+    let mut o = opts();
     o.busy_poll = false;
     let (t, _) = bench(4, 4096, 200, o);
     eprintln!("np=4 4 KiB allreduce median {t:?} (blocking; load {la})");
     for algo in [Algorithm::Ring, Algorithm::HalvingDoubling] {
-        let mut o = common::opts(common::block());
+        let mut o = opts();
         o.algorithm = algo;
         let (t, bw) = bench(2, 16 << 20, 5, o);
         eprintln!("np=2 16 MiB allreduce {algo}: median {t:?}, busbw {bw:.2} GB/s (load {la})");

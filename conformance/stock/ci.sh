@@ -45,5 +45,7 @@ ROCE_DROPIN=1 cargo test --release --locked -p roce-conformance --test pyverbs_s
 # The next tier: UCX 1.13 (rc_verbs, ud_verbs) and Open MPI's pml ucx (conformance/UCX.md).
 ROCE_DROPIN=1 cargo test --release --locked -p roce-conformance --test ucx \
   -- --nocapture || status=1
+ROCE_DROPIN=1 cargo test --release --locked -p roce-conformance --test dropin_daemon \
+  -- --nocapture || status=1
 echo "conformance/stock/ci.sh: done in $(( $(date +%s) - start ))s (status $status)"
 exit $status

@@ -28,6 +28,7 @@ use std::io::{self, IoSliceMut};
 use std::sync::Arc;
 
 use roce_qp::Instant as QpInstant;
+use roce_wire::icrc::{Ipv4IdentPatcher, ICRC_LEN};
 
 use crate::capture::CaptureFile;
 use crate::clock::Clock;
@@ -40,6 +41,8 @@ pub(crate) const BATCH: usize = 64;
 /// Room in front of each received datagram for synthetic Ethernet + IPv6 + UDP headers.
 const HEADROOM: usize = 64;
 const _: () = assert!(HEADROOM >= MAX_HEADERS);
+/// IPv4 header (no options) + UDP header: what the engine puts in front of a payload.
+const IPV4_UDP: usize = 20 + 8;
 /// Receive batches per progress pass before yielding (bounds the time the lock is held).
 const RX_BATCHES_PER_PASS: usize = 8;
 
@@ -48,6 +51,9 @@ const RX_BATCHES_PER_PASS: usize = 8;
 struct Queued {
     offset: usize,
     desc: TxDesc,
+    /// The IPv4 Identification its ICRC is computed for (0 as built; see
+    /// [`Datapath::plan_ipv4_idents`]).
+    ident: u16,
 }
 
 /// What a progress pass did.
@@ -86,6 +92,8 @@ pub(crate) struct Engine {
     pub(crate) capture: Option<CaptureFile>,
     /// The datapath's receive drops already folded into the counters.
     rx_drops_seen: RxDrops,
+    /// Rewrites ICRCs for the Identifications the datapath plans (IPv4 GSO segments).
+    ident_patcher: Ipv4IdentPatcher,
 }
 
 impl Engine {
@@ -125,6 +133,7 @@ impl Engine {
             scratch: vec![0u8; MAX_HEADERS + tx_room.max(rx_data)].into_boxed_slice(),
             rx_drops_seen: RxDrops::default(),
             capture: None,
+            ident_patcher: Ipv4IdentPatcher::new(),
         }
     }
 
@@ -247,6 +256,7 @@ impl Engine {
                 let mut off = 0;
                 // An empty datagram is still a datagram: handled once (counted malformed).
                 let mut empty = meta.len == 0;
+                let mut meta = meta;
                 while off < meta.len || std::mem::take(&mut empty) {
                     let seg = stride.min(meta.len - off);
                     let capture = self.capture.is_some();
@@ -258,6 +268,11 @@ impl Engine {
                     }
                     result.received += 1;
                     off += stride;
+                    if let Some(v4) = &mut meta.ipv4 {
+                        // A whole GSO message seen with its header (raw receive): the kernel
+                        // numbers its segments' Identifications on from the header's.
+                        v4.ident = v4.ident.wrapping_add(1);
+                    }
                 }
             }
             if n < self.rx_meta.len() {
@@ -322,15 +337,53 @@ impl Engine {
             self.tx_descs.push(Queued {
                 offset: start,
                 desc,
+                ident: 0,
             });
             self.tx_used += desc.len;
         }
         !self.tx_descs.is_empty()
     }
 
+    /// Asks the datapath which IPv4 Identification each pending datagram will carry and
+    /// rewrites the ICRCs of those whose differs from the one their ICRC is computed for.
+    fn plan_idents(&mut self) {
+        let pending = &self.tx_descs[self.tx_pending..];
+        let mut batch: [TxDatagram<'_>; BATCH] = [TxDatagram::EMPTY; BATCH];
+        for (b, q) in batch.iter_mut().zip(pending) {
+            *b = TxDatagram {
+                dst: q.desc.dst,
+                payload: &self.tx_arena[q.offset..q.offset + q.desc.len],
+                ..TxDatagram::EMPTY
+            };
+        }
+        let mut idents = [0u16; BATCH];
+        let n = pending.len().min(BATCH);
+        self.dp.plan_ipv4_idents(&batch[..n], &mut idents[..n]);
+        for (q, &id) in self.tx_descs[self.tx_pending..]
+            .iter_mut()
+            .zip(&idents[..n])
+        {
+            if q.ident == id || !q.desc.dst.is_ipv4() || q.desc.len < ICRC_LEN {
+                continue;
+            }
+            let end = q.offset + q.desc.len;
+            let mut icrc = [0u8; ICRC_LEN];
+            icrc.copy_from_slice(&self.tx_arena[end - ICRC_LEN..end]);
+            // IPv4 without options + UDP in front of the payload (what the engine built).
+            if self
+                .ident_patcher
+                .patch(IPV4_UDP + q.desc.len, &mut icrc, q.ident, id)
+            {
+                self.tx_arena[end - ICRC_LEN..end].copy_from_slice(&icrc);
+                q.ident = id;
+            }
+        }
+    }
+
     /// Hands the pending descriptors to the datapath.
     fn flush(&mut self, result: &mut PassResult) {
         while self.tx_pending < self.tx_descs.len() {
+            self.plan_idents();
             let pending = &self.tx_descs[self.tx_pending..];
             let mut batch: [TxDatagram<'_>; BATCH] = [TxDatagram::EMPTY; BATCH];
             for (b, q) in batch.iter_mut().zip(pending) {

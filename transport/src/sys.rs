@@ -12,6 +12,23 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A close-on-exec duplicate of `raw` (`F_DUPFD_CLOEXEC`), owned by the caller.
+///
+/// # Errors
+/// `raw` is not open, or no descriptor is free.
+pub(crate) fn dup_fd(raw: RawFd) -> io::Result<OwnedFd> {
+    #[allow(unsafe_code)]
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) takes no pointers and only reads `raw`; a closed `raw`
+    // is an EBADF error, not undefined behaviour.
+    let fd = unsafe { libc::fcntl(raw, libc::F_DUPFD_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: `fd` was just returned by fcntl and is not owned elsewhere.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// A non-blocking Linux `eventfd`: readable while notified.
 #[derive(Debug)]
 pub(crate) struct EventFd {

@@ -121,6 +121,15 @@ fn loopback_members_get_only_their_slots() {
     assert_eq!(m1.demux_slot(), Some(1));
     assert!(group.occupant(1).unwrap().is_some());
     assert!(group.occupant(3).unwrap().is_none());
+    // A claim to a slot (a restarted daemon's resume) is proved by the socket in it only.
+    {
+        use std::os::fd::AsFd as _;
+        assert!(group.holds(1, m1.socket().as_fd()).unwrap());
+        assert!(!group.holds(1, m2.socket().as_fd()).unwrap());
+        assert!(!group.holds(3, m1.socket().as_fd()).unwrap());
+        let not_a_socket = std::fs::File::open("/dev/null").unwrap();
+        assert!(group.holds(1, not_a_socket.as_fd()).is_err());
+    }
     // A slot is held by one socket only.
     let again = ns
         .netns()

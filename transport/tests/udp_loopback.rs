@@ -10,7 +10,10 @@ use std::net::SocketAddr;
 
 use roce_transport::datapath::udp::{UdpDatapath, UdpError, UdpOptions};
 use roce_transport::datapath::Datapath;
-use udp_support::{arena, bind, check_datagrams, datagrams, private_net, recv_datagrams, send_all};
+use udp_support::{
+    arena, bind, check_datagrams, datagrams, private_net, recv_datagrams, send_all,
+    send_all_planned,
+};
 
 /// 64 sizes from 1 to 4200 bytes, mixed (every size class from one byte to a 4 KiB path MTU
 /// packet plus headers).
@@ -103,7 +106,7 @@ fn gso_gro(a_addr: &str, b_addr: &str) {
     let mut b = bind(b_addr, UdpOptions::default());
     let sizes = gso_batch();
     let (buf, ranges) = arena(&sizes, 0);
-    send_all(&mut a, &datagrams(&buf, &ranges, b.local_addr(), 0));
+    send_all_planned(&mut a, &datagrams(&buf, &ranges, b.local_addr(), 0));
     let got = recv_datagrams(&mut b, sizes.len(), 8, 65_536);
     check_datagrams(&got, &sizes, 0, a.local_addr());
 
@@ -162,7 +165,7 @@ fn gso_to_a_receiver_without_gro_arrives_as_single_datagrams() {
     assert_eq!(b.caps().gro_segments, 1);
     let sizes = gso_batch();
     let (buf, ranges) = arena(&sizes, 0);
-    send_all(&mut a, &datagrams(&buf, &ranges, b.local_addr(), 0));
+    send_all_planned(&mut a, &datagrams(&buf, &ranges, b.local_addr(), 0));
     let got = recv_datagrams(&mut b, sizes.len(), 64, 2_048);
     check_datagrams(&got, &sizes, 0, a.local_addr());
     assert!(got.iter().all(|r| r.meta.stride == r.meta.len));
@@ -202,7 +205,7 @@ fn only_contiguous_equal_runs_with_one_destination_and_tos_are_coalesced() {
     run[4].tos = 0x02;
     run[5].tos = 0x02;
     batch.extend(run);
-    send_all(&mut a, &batch);
+    send_all_planned(&mut a, &batch);
     let s = a.stats();
     // The four separate allocations go alone; of the run, [0,1] share a message, [2] (to c)
     // and [3] (before the TOS change) go alone, and [4,5] (TOS 2) share a message.
@@ -248,7 +251,7 @@ fn gso_failure_falls_back_to_single_datagrams() {
     assert_eq!(r, 0, "SO_NO_CHECK: {}", std::io::Error::last_os_error());
     let sizes = gso_batch();
     let (buf, ranges) = arena(&sizes, 0);
-    send_all(&mut a, &datagrams(&buf, &ranges, b.local_addr(), 0));
+    send_all_planned(&mut a, &datagrams(&buf, &ranges, b.local_addr(), 0));
     let s = a.stats();
     assert_eq!(s.gso_fallbacks, 1, "{s:?}");
     assert_eq!(s.gso_messages, 0, "{s:?}");

@@ -257,35 +257,108 @@ impl Ipv4IdentSolver {
     }
 }
 
+/// The CRC contribution of each of the 16 IPv4 Identification bits (bit `k` of the
+/// Identification is element `k`) to the ICRC of an IPv4 packet `ip_len` bytes long (IP header
+/// .. ICRC): flipping bit `k` flips exactly the bits of element `k` in the ICRC (as a
+/// little-endian `u32` of its wire bytes).
+#[cfg(feature = "alloc")]
+fn ident_bit_vectors(ip_len: usize) -> [u32; 16] {
+    // ICRC input: 8-byte placeholder + IP packet without the ICRC.
+    let n = 8 + ip_len - ICRC_LEN;
+    let zeros = [0u8; 256];
+    let crc_with_bit = |byte: Option<(usize, u8)>| {
+        let mut h = crc32fast::Hasher::new();
+        let mut pos = 0;
+        while pos < n {
+            let take = (n - pos).min(zeros.len());
+            match byte {
+                Some((at, bit)) if at >= pos && at < pos + take => {
+                    let mut chunk = [0u8; 256];
+                    chunk[at - pos] = bit;
+                    h.update(&chunk[..take]);
+                }
+                _ => h.update(&zeros[..take]),
+            }
+            pos += take;
+        }
+        h.finalize()
+    };
+    let zero = crc_with_bit(None);
+    core::array::from_fn(|k| {
+        // Bit k of the Identification (big-endian at IDENT_OFFSET).
+        let (at, bit) = (IDENT_OFFSET + 1 - k / 8, 1u8 << (k % 8));
+        crc_with_bit(Some((at, bit))) ^ zero
+    })
+}
+
+/// Rewrites the ICRC of an outgoing IPv4 packet for another Identification, without touching
+/// the rest of the packet: the sender's half of [`Ipv4IdentSolver`].
+///
+/// A UDP GSO message is cut into datagrams whose Identifications the kernel numbers `base`,
+/// `base + 1`, ... (`inet_gso_segment`); each datagram's ICRC must be computed for its own
+/// Identification. CRC-32 is affine, so for a fixed length the ICRC for Identification `b` is
+/// the ICRC for `a` XOR the contributions of the bits of `a ^ b`; the 16 contributions are
+/// computed once per packet length (cached, like the solver's bases), and a rewrite costs at
+/// most 16 XORs.
+#[cfg(feature = "alloc")]
+#[derive(Debug, Default)]
+pub struct Ipv4IdentPatcher {
+    /// Bit contributions indexed by IPv4 total length.
+    cache: Vec<Option<Box<[u32; 16]>>>,
+}
+
+#[cfg(feature = "alloc")]
+impl Ipv4IdentPatcher {
+    /// An empty patcher (contributions are computed on first use of each length).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The XOR that turns the ICRC of an IPv4 packet `ip_len` bytes long (IP header .. ICRC)
+    /// sent with Identification `from` into its ICRC with Identification `to`, as the four
+    /// wire bytes; `None` for a length no IPv4 RoCEv2 packet has (shorter than IP + UDP + BTH
+    /// + ICRC, or longer than 65,535).
+    pub fn delta(&mut self, ip_len: usize, from: u16, to: u16) -> Option<[u8; ICRC_LEN]> {
+        if !(20 + UDP_HEADER + bth::HEADER_LEN + ICRC_LEN..=65_535).contains(&ip_len) {
+            return None;
+        }
+        let diff = from ^ to;
+        if diff == 0 {
+            return Some([0; ICRC_LEN]);
+        }
+        if self.cache.len() <= ip_len {
+            self.cache.resize_with(ip_len + 1, || None);
+        }
+        let bits = self.cache[ip_len].get_or_insert_with(|| Box::new(ident_bit_vectors(ip_len)));
+        let mut d = 0u32;
+        for (k, v) in bits.iter().enumerate() {
+            if diff & (1 << k) != 0 {
+                d ^= v;
+            }
+        }
+        Some(d.to_le_bytes())
+    }
+
+    /// Rewrites `icrc` (the four wire bytes of a packet `ip_len` bytes long) from
+    /// Identification `from` to `to`; `false` (nothing changed) for an impossible length.
+    pub fn patch(&mut self, ip_len: usize, icrc: &mut [u8; ICRC_LEN], from: u16, to: u16) -> bool {
+        let Some(d) = self.delta(ip_len, from, to) else {
+            return false;
+        };
+        for (b, x) in icrc.iter_mut().zip(d) {
+            *b ^= x;
+        }
+        true
+    }
+}
+
 #[cfg(feature = "alloc")]
 impl IdentBasis {
     fn new(ip_len: usize) -> Self {
-        // ICRC input: 8-byte placeholder + IP packet without the ICRC.
-        let n = 8 + ip_len - ICRC_LEN;
-        let zeros = [0u8; 256];
-        let crc_with_bit = |byte: Option<(usize, u8)>| {
-            let mut h = crc32fast::Hasher::new();
-            let mut pos = 0;
-            while pos < n {
-                let take = (n - pos).min(zeros.len());
-                match byte {
-                    Some((at, bit)) if at >= pos && at < pos + take => {
-                        let mut chunk = [0u8; 256];
-                        chunk[at - pos] = bit;
-                        h.update(&chunk[..take]);
-                    }
-                    _ => h.update(&zeros[..take]),
-                }
-                pos += take;
-            }
-            h.finalize()
-        };
-        let zero = crc_with_bit(None);
+        let bits = ident_bit_vectors(ip_len);
         let mut rows = [(0u32, 0u32, 0u32); 16];
         for (k, row) in rows.iter_mut().enumerate() {
-            // Bit k of the Identification (big-endian at IDENT_OFFSET).
-            let (at, bit) = (IDENT_OFFSET + 1 - k / 8, 1u8 << (k % 8));
-            *row = (0, crc_with_bit(Some((at, bit))) ^ zero, 1 << k);
+            *row = (0, bits[k], 1 << k);
         }
         // Gaussian elimination: give each row a pivot bit no later row has.
         for i in 0..rows.len() {
@@ -316,7 +389,7 @@ impl IdentBasis {
 ///
 /// | peer state | accepted if the solved Identification | false accept |
 /// |---|---|---|
-/// | **zero** (rocectl; kernels sending ID 0 with DF) | is 0 (full check) | 2^-32 |
+/// | **zero** (rocectl; kernels sending ID 0 with DF) | is below `gso_span` | 2^-32 x `gso_span` |
 /// | **window** (rdma_rxe: `__ip_select_ident`) | is in `[last-behind, last+ahead']` | see below |
 /// | first packet from a peer | exists | 2^-16 |
 ///
@@ -327,7 +400,11 @@ impl IdentBasis {
 /// (`behind` 64, `ahead` 256, 1 per ms) an active flow is at 2^-16 x 321/65536 ~ 2^-23.7,
 /// about one corrupted packet in 14 million; after a second of silence 2^-16 x 1321/65536 ~
 /// 2^-21.6. For comparison, the backends that see the IP header (`raw`; `udp` with its raw
-/// receive socket) and zero-Identification peers get the full 2^-32.
+/// receive socket) get the full 2^-32, and zero-Identification peers 2^-32 x `gso_span`
+/// (2^-26 with the default 64): a sender of UDP GSO messages from an unconnected socket with
+/// DF (rocectl) sends Identification 0 in every single datagram and `0, 1, .., n-1` in the
+/// `n` datagrams the kernel cuts a GSO message into (`inet_gso_segment`), so a zero peer is
+/// held to `0..gso_span`.
 ///
 /// **Single-bit errors.** CRC-32 catches every single-bit error when the Identification is
 /// known, so zero peers and a full check always catch them. In window mode a flipped bit whose
@@ -341,7 +418,10 @@ impl IdentBasis {
 /// - A peer (source address: Linux keys its Identification counters by source, destination
 ///   and protocol, so every flow from a host to us shares one) starts in window mode at its
 ///   first packet.
-/// - After `zero_after` consecutive packets with Identification 0 it is held to 0.
+/// - After `zero_after` packets with Identification 0, with nothing but Identifications below
+///   `gso_span` between them (GSO segments), it is held to `0..gso_span` (zero mode). A
+///   counting peer (rdma_rxe) passes through 0 once per 65,536 packets, so it never gets
+///   there.
 /// - Reordering is covered by `behind`, loss and other traffic from the peer by `ahead'`.
 ///   A packet outside the window (the peer sent a burst of other UDP to us, or restarted as
 ///   another stack) is rejected but remembered as a *candidate*; the next packet within
@@ -362,8 +442,12 @@ pub struct Ipv4IdentChecker {
 /// The knobs of an [`Ipv4IdentChecker`] (see its table for what they cost).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IdentPolicy {
-    /// Consecutive packets with Identification 0 after which a peer is held to 0.
+    /// Packets with Identification 0 (only Identifications below `gso_span` between them)
+    /// after which a peer is held to `0..gso_span`.
     pub zero_after: u32,
+    /// A zero peer's accepted Identifications: `0..gso_span` (the segments of one UDP GSO
+    /// message are numbered from 0; at most 64 segments per message). 1 holds it to 0.
+    pub gso_span: u16,
     /// Identifications accepted behind the last accepted one (reordering).
     pub behind: u16,
     /// Identifications accepted ahead of the last accepted one (loss, other traffic).
@@ -378,6 +462,7 @@ impl Default for IdentPolicy {
     fn default() -> Self {
         Self {
             zero_after: 8,
+            gso_span: 64,
             behind: 64,
             ahead: 256,
             ahead_per_ms: 1,
@@ -401,9 +486,9 @@ pub enum IdentVerdict {
 #[cfg(feature = "alloc")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
-    /// Near the last accepted; `zeros` consecutive zeros so far.
+    /// Near the last accepted; `zeros` zeros so far (with only GSO segment numbers between).
     Window { zeros: u32 },
-    /// Always 0.
+    /// Always below `gso_span` (0 for single datagrams, the segment number in GSO messages).
     Zero,
 }
 
@@ -464,7 +549,7 @@ impl Ipv4IdentChecker {
             return IdentVerdict::Accept(id);
         };
         let plausible = match peer.mode {
-            Mode::Zero => id == 0,
+            Mode::Zero => id < p.gso_span.max(1),
             Mode::Window { .. } => {
                 let ms = now_ns.saturating_sub(peer.last_ns) / 1_000_000;
                 let ahead = (u64::from(p.ahead) + ms * u64::from(p.ahead_per_ms))
@@ -487,7 +572,13 @@ impl Ipv4IdentChecker {
             peer.mode = Mode::Window { zeros: 0 };
             peer.last = id;
         } else if let Mode::Window { zeros } = &mut peer.mode {
-            *zeros = if id == 0 { *zeros + 1 } else { 0 };
+            *zeros = if id == 0 {
+                *zeros + 1
+            } else if id < p.gso_span {
+                *zeros
+            } else {
+                0
+            };
             let z = *zeros;
             if id.wrapping_sub(peer.last) < 0x8000 {
                 peer.last = id;
@@ -500,7 +591,7 @@ impl Ipv4IdentChecker {
         IdentVerdict::Accept(id)
     }
 
-    /// Whether the peer `src` is held to Identification 0 (a full 32-bit check).
+    /// Whether the peer `src` is held to Identifications below `gso_span` (zero mode).
     pub fn is_zero_peer(&self, src: [u8; 4]) -> bool {
         self.peers.get(&src).is_some_and(|p| p.mode == Mode::Zero)
     }

@@ -264,10 +264,12 @@ fn peers_re_anchor_after_one_packet_and_zero_peers_can_change() {
         assert_eq!(z.check(&pkt(0), k * ms), IdentVerdict::Accept(0));
     }
     assert!(z.is_zero_peer([10, 0, 0, 1]));
-    assert_eq!(z.check(&pkt(5), 9 * ms), IdentVerdict::Implausible(5));
-    assert_eq!(z.check(&pkt(1), 10 * ms), IdentVerdict::Implausible(1));
+    // A GSO segment number (below gso_span) is what a zero peer also sends.
+    assert_eq!(z.check(&pkt(63), 9 * ms), IdentVerdict::Accept(63));
+    assert_eq!(z.check(&pkt(500), 9 * ms), IdentVerdict::Implausible(500));
+    assert_eq!(z.check(&pkt(400), 10 * ms), IdentVerdict::Implausible(400));
     // The peer restarted as rxe: two consecutive Identifications re-anchor it.
-    assert_eq!(z.check(&pkt(2), 11 * ms), IdentVerdict::Accept(2));
+    assert_eq!(z.check(&pkt(401), 11 * ms), IdentVerdict::Accept(401));
     assert!(!z.is_zero_peer([10, 0, 0, 1]));
     // A packet sent without DF never passes.
     let mut p = packet(7, 64, 1);
@@ -322,4 +324,56 @@ fn every_captured_rxe_packet_passes_the_per_peer_check() {
         }
     }
     assert!(checked > 600, "only {checked} IPv4 RoCE frames");
+}
+
+/// A GSO sender (rocectl: unconnected socket, DF) numbers the segments of each message 0, 1,
+/// .., n-1: such a peer becomes a zero peer held to `0..gso_span`; a counting peer (rxe) that
+/// passes through 0..63 does not.
+#[test]
+fn gso_senders_become_zero_peers_and_counting_peers_do_not() {
+    let pkt = |id: u16| {
+        let mut p = packet(id, 64, 1);
+        hide(&mut p);
+        p
+    };
+    let mut g = Ipv4IdentChecker::new(IdentPolicy::default());
+    let mut now = 0;
+    for _ in 0..8 {
+        for id in 0..40 {
+            now += 1_000;
+            assert_eq!(g.check(&pkt(id), now), IdentVerdict::Accept(id));
+        }
+    }
+    assert!(g.is_zero_peer([10, 0, 0, 1]));
+    assert_eq!(g.check(&pkt(64), now), IdentVerdict::Implausible(64));
+    let mut r = Ipv4IdentChecker::new(IdentPolicy::default());
+    for k in 0..70_000u32 {
+        let id = (k as u16).wrapping_add(65_000);
+        assert_eq!(
+            r.check(&pkt(id), u64::from(k) * 1_000),
+            IdentVerdict::Accept(id)
+        );
+        assert!(!r.is_zero_peer([10, 0, 0, 1]), "id {id}");
+    }
+}
+
+/// The patcher turns the ICRC for one Identification into the ICRC for another, at every
+/// length, and agrees with a full recomputation.
+#[test]
+fn the_patcher_rewrites_icrcs_for_another_identification() {
+    let mut patcher = icrc::Ipv4IdentPatcher::new();
+    for size in [0usize, 1, 60, 1_000, 4_096, 9_000] {
+        for (from, to) in [(0u16, 1u16), (0, 63), (7, 0), (0x1234, 0xFFFF)] {
+            let p = packet(from, size, 5);
+            let q = packet(to, size, 5);
+            let end = p.len() - 4;
+            let mut icrc: [u8; 4] = p[end..].try_into().unwrap();
+            assert!(patcher.patch(p.len(), &mut icrc, from, to));
+            assert_eq!(&icrc[..], &q[end..], "size {size} {from} -> {to}");
+        }
+    }
+    let mut icrc = [0u8; 4];
+    assert!(!patcher.patch(10, &mut icrc, 0, 1), "too short for RoCEv2");
+    assert!(!patcher.patch(70_000, &mut icrc, 0, 1), "too long for IPv4");
+    assert_eq!(icrc, [0; 4]);
 }

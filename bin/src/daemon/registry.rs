@@ -245,6 +245,72 @@ impl Registry {
         Ok(lease)
     }
 
+    /// Gives `id` back the range at `slot` it held under an earlier daemon run (the server
+    /// has checked that `id`'s socket is the slot's member), with the `objects` it holds.
+    /// Limits are not applied to what exists already; the one-uid rule of kernel demux is.
+    ///
+    /// # Errors
+    /// [`ControlError`]: not a device connection, it holds a range already, another uid holds
+    /// ranges in kernel-demux mode, or the slot is not one a member of an earlier run can
+    /// hold (the daemon's, another client's, or quarantined).
+    pub(crate) fn adopt(
+        &mut self,
+        id: ClientId,
+        slot: u32,
+        objects: Objects,
+    ) -> Result<Lease, ControlError> {
+        let Some(c) = self.clients.get(&id) else {
+            return Err(ControlError::BadRequest {
+                reason: "unknown connection".into(),
+            });
+        };
+        if c.role != Role::Device {
+            return Err(ControlError::BadRequest {
+                reason: "a view connection cannot hold a QPN range".into(),
+            });
+        }
+        if let Some(l) = &c.lease {
+            return Err(ControlError::AlreadyHasRange { slot: l.slot });
+        }
+        let uid = c.cred.uid;
+        if self.policy.mode == Mode::KernelDemux {
+            if let Some(other) = self
+                .clients
+                .values()
+                .find(|c| c.lease.is_some() && c.cred.uid != uid)
+            {
+                return Err(ControlError::Forbidden {
+                    reason: format!(
+                        "kernel-demux mode serves one trust domain: uid {} holds QPN ranges",
+                        other.cred.uid
+                    ),
+                });
+            }
+        }
+        match self.slots.get(slot as usize) {
+            Some(Slot::Free | Slot::Orphan) => {}
+            _ => {
+                return Err(ControlError::Forbidden {
+                    reason: format!("QPN range slot {slot} cannot be resumed"),
+                })
+            }
+        }
+        self.slots[slot as usize] = Slot::Owned(id);
+        let lease = Lease {
+            slot,
+            qpn_base: slot * self.policy.range_size,
+            qpn_count: self.policy.range_size,
+            mode: self.policy.mode,
+            demux_fds: false,
+            ring_fds: false,
+        };
+        if let Some(c) = self.clients.get_mut(&id) {
+            c.lease = Some(lease.clone());
+            c.objects = objects;
+        }
+        Ok(lease)
+    }
+
     /// Reserves `want` for `id`.
     ///
     /// # Errors
@@ -624,6 +690,40 @@ mod tests {
         );
         r.disconnect(a, t);
         r.alloc_range(b, t, &NONE).unwrap();
+    }
+
+    /// A member of an earlier run takes its orphaned slot back with what it holds; nobody
+    /// takes a slot another client owns, and a second uid is kept out in kernel-demux mode.
+    #[test]
+    fn a_member_of_an_earlier_run_is_adopted_into_its_slot() {
+        let mut r = Registry::new(policy(1 << 22)); // client slots 1..=3
+        let t = Instant::now();
+        let a = device(&mut r, 1, 0, t);
+        let occupied = |s: u32| s == 1;
+        assert_eq!(r.alloc_range(a, t, &occupied).unwrap().slot, 2);
+        let old = device(&mut r, 2, 0, t);
+        let held = Objects {
+            qps: 3,
+            ..Objects::default()
+        };
+        assert!(matches!(
+            r.adopt(old, 2, held),
+            Err(ControlError::Forbidden { .. })
+        ));
+        let lease = r.adopt(old, 1, held).unwrap();
+        assert_eq!((lease.slot, lease.qpn_base), (1, 1 << 22));
+        assert!(r.orphans().is_empty());
+        assert!(matches!(
+            r.adopt(old, 3, held),
+            Err(ControlError::AlreadyHasRange { slot: 1 })
+        ));
+        let other_uid = device(&mut r, 3, 1000, t);
+        assert!(matches!(
+            r.adopt(other_uid, 3, held),
+            Err(ControlError::Forbidden { .. })
+        ));
+        // Its objects count again: gone with it.
+        assert_eq!(r.disconnect(old, t).unwrap().objects.qps, 3);
     }
 
     /// A slot a member of an earlier daemon run still holds is skipped, becomes an orphan,

@@ -18,7 +18,7 @@ use roce_transport::control::sys::{
     peer_cred, peer_pidfd, pidfd_exited, read_frame, write_frame, PeerCred,
 };
 use roce_transport::control::{
-    ControlError, Hello, Reply, Request, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+    ClientView, ControlError, Hello, Reply, Request, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
 use roce_transport::datapath::demux::DemuxGroup;
 use roce_transport::datapath::fwdring::{Forwarder, RingFds, RingProducer};
@@ -170,8 +170,8 @@ impl Server {
             claimed_program = %hello.program, "client connected"
         );
         loop {
-            let req = match read_frame::<Request>(&mut stream) {
-                Ok(Some((req, _fds))) => req,
+            let (req, fds) = match read_frame::<Request>(&mut stream) {
+                Ok(Some(frame)) => frame,
                 Ok(None) => break,
                 Err(e) => {
                     warn!(pid = cred.pid, comm = %comm, error = %e, "bad control message; closing");
@@ -185,7 +185,7 @@ impl Server {
                     break;
                 }
             };
-            let (reply, extra) = self.handle(id, cred, &comm, req);
+            let (reply, extra) = self.handle(id, cred, &comm, req, fds);
             let fds: Vec<_> = match (&self.demux, &extra) {
                 (Some(g), Extra::Demux) => vec![g.map_fd(), g.prog_fd()],
                 (_, Extra::Ring(r)) => vec![r.memory.as_fd(), r.event.as_fd()],
@@ -285,7 +285,14 @@ impl Server {
     }
 
     /// Answers one request; the flag says whether the demultiplexer's fd goes with it.
-    fn handle(&self, id: ClientId, cred: PeerCred, comm: &str, req: Request) -> (Reply, Extra) {
+    fn handle(
+        &self,
+        id: ClientId,
+        cred: PeerCred,
+        comm: &str,
+        req: Request,
+        fds: Vec<std::os::fd::OwnedFd>,
+    ) -> (Reply, Extra) {
         let now = Instant::now();
         let mut reg = self.registry();
         let result = match req {
@@ -329,6 +336,33 @@ impl Server {
                 }
                 Err(e) => Err(e),
             },
+            Request::Resume {
+                device,
+                slot,
+                objects,
+            } => {
+                // The claim is proved by the socket itself, never by the client's word.
+                let proved = match (&self.demux, fds.first()) {
+                    (Some(g), Some(fd)) => g.holds(slot, fd.as_fd()).unwrap_or(false),
+                    _ => false,
+                };
+                if proved {
+                    reg.adopt(id, slot, objects).map(|lease| {
+                        info!(
+                            pid = cred.pid, uid = cred.uid, comm = %comm, device = %device,
+                            slot, qps = objects.qps, cqs = objects.cqs, mrs = objects.mrs,
+                            "QPN range resumed by its member from an earlier daemon run"
+                        );
+                        Reply::Lease(lease)
+                    })
+                } else {
+                    Err(ControlError::Forbidden {
+                        reason: format!(
+                            "the socket passed does not hold QPN range slot {slot} in the kernel demultiplexer"
+                        ),
+                    })
+                }
+            }
             Request::Reserve(o) => reg.reserve(id, o).map(|()| Reply::Ok),
             Request::Release(o) => {
                 reg.release(id, o);
@@ -339,7 +373,7 @@ impl Server {
                 Ok(Reply::Ok)
             }
             Request::ResShow => Ok(Reply::Clients {
-                clients: reg.views(now),
+                clients: redact_for(cred, reg.views(now)),
             }),
             Request::Stat => Ok(Reply::Stats {
                 daemon: {
@@ -352,7 +386,7 @@ impl Server {
                     }
                     st
                 },
-                clients: reg.views(now),
+                clients: redact_for(cred, reg.views(now)),
             }),
             _ => Err(ControlError::NotImplemented {
                 what: "this request".into(),
@@ -372,4 +406,21 @@ impl Server {
             }
         }
     }
+}
+
+/// The views as `viewer` may see them: root and each user see everything of their own
+/// clients, but the PSNs of another user's QPs are shown as 0. A QPN and its live PSN are
+/// what an off-path writer must otherwise guess (24 bits each, ReDMArk); in forwarding mode,
+/// where users share the address and trust each other no more than on a NIC, handing them
+/// out would let one user inject into another's QPs.
+fn redact_for(viewer: PeerCred, mut views: Vec<ClientView>) -> Vec<ClientView> {
+    if viewer.uid != 0 {
+        for v in views.iter_mut().filter(|v| v.uid != viewer.uid) {
+            for q in &mut v.report.qps {
+                q.sq_psn = 0;
+                q.rq_psn = 0;
+            }
+        }
+    }
+    views
 }

@@ -4,7 +4,9 @@
 //!
 //! pid, uid and comm come from the kernel (the daemon's `SO_PEERCRED` and `/proc`); object
 //! counts from the daemon's own accounting; QP details and counters from the snapshot each
-//! client pushes every half second (`report-age-ms` says how old it is).
+//! client pushes every half second (`report-age-ms` says how old it is). A user other than
+//! root sees the PSNs of other users' QPs as 0 (the daemon withholds them: with the QPN they
+//! are what a forged packet needs).
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -24,7 +24,7 @@
 
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd as _, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -53,6 +53,8 @@ pub const EXCLUSIVE_ENV: &str = "ROCECTL_EXCLUSIVE";
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a device pushes its snapshot.
 const REPORT_EVERY: Duration = Duration::from_millis(500);
+/// How often a device tries to resume a lost connection (the daemon restarted).
+const RESUME_EVERY: Duration = Duration::from_secs(1);
 
 /// The daemon's socket path: `ROCECTL_DAEMON_SOCKET`, else [`DEFAULT_SOCKET`].
 pub fn socket_path() -> PathBuf {
@@ -182,11 +184,23 @@ impl Connection {
     /// # Errors
     /// As [`Self::call`].
     pub fn call_with_fds(&mut self, req: &Request) -> Result<(Reply, Vec<OwnedFd>), ClientError> {
+        self.call_passing(req, &[])
+    }
+
+    /// As [`Self::call_with_fds`], passing `fds` with the request (`SCM_RIGHTS`).
+    ///
+    /// # Errors
+    /// As [`Self::call`].
+    pub fn call_passing(
+        &mut self,
+        req: &Request,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(Reply, Vec<OwnedFd>), ClientError> {
         let io = |source| ClientError::Io {
             path: self.path.clone(),
             source,
         };
-        write_frame(&mut self.sock, req, &[]).map_err(io)?;
+        write_frame(&mut self.sock, req, fds).map_err(io)?;
         match read_frame::<Reply>(&mut self.sock).map_err(io)? {
             None => Err(ClientError::Closed {
                 path: self.path.clone(),
@@ -214,6 +228,17 @@ pub(crate) struct DaemonClient {
     lease: Lease,
     pds: AtomicU32,
     stop: Arc<(Mutex<bool>, Condvar)>,
+    /// The address the device serves (a restarted daemon must serve it too).
+    local: IpAddr,
+    /// The device name.
+    device: String,
+    /// Kernel demux: the device's member socket (a duplicate), which proves its slot to a
+    /// restarted daemon ([`Request::Resume`]).
+    member: std::sync::OnceLock<OwnedFd>,
+    /// What the device holds (reserved and not released), claimed again on a resume.
+    held: Mutex<Objects>,
+    /// When a lost connection was last tried again.
+    last_resume: Mutex<Option<Instant>>,
 }
 
 impl Drop for DaemonClient {
@@ -231,8 +256,51 @@ impl DaemonClient {
         &self.lease
     }
 
+    /// Keeps (a duplicate of) the device's kernel-demux member socket, for [`Self::resume`].
+    pub(crate) fn set_member(&self, fd: OwnedFd) {
+        let _ = self.member.set(fd);
+    }
+
+    /// The daemon went away (restarted): connects again and proves the device's slot with
+    /// its member socket, so the views list it again and new reservations work. Only in
+    /// kernel-demux mode (in forwarding mode the receive ring died with the old daemon), and
+    /// at most once a second.
+    fn resume(&self, conn: &mut Option<Connection>) -> bool {
+        let Some(member) = self.member.get() else {
+            return false;
+        };
+        {
+            let mut last = lock(&self.last_resume);
+            if last.is_some_and(|t| t.elapsed() < RESUME_EVERY) {
+                return false;
+            }
+            *last = Some(Instant::now());
+        }
+        let Ok(mut c) = Connection::connect(&self.path, Hello::new(Role::Device)) else {
+            return false;
+        };
+        if c.welcome().address != self.local || c.welcome().qpn_range_size != self.lease.qpn_count {
+            return false;
+        }
+        let req = Request::Resume {
+            device: self.device.clone(),
+            slot: self.lease.slot,
+            objects: *lock(&self.held),
+        };
+        match c.call_passing(&req, &[member.as_fd()]) {
+            Ok((Reply::Lease(l), _)) if l.slot == self.lease.slot => {
+                *conn = Some(c);
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn call(&self, req: &Request) -> Result<Reply, ClientError> {
         let mut conn = lock(&self.conn);
+        if conn.is_none() {
+            self.resume(&mut conn);
+        }
         let Some(c) = conn.as_mut() else {
             return Err(ClientError::Closed {
                 path: self.path.clone(),
@@ -248,10 +316,14 @@ impl DaemonClient {
 
     fn reserve(self: &Arc<Self>, objects: Objects) -> Result<Reservation, VerbsError> {
         match self.call(&Request::Reserve(objects)) {
-            Ok(_) => Ok(Reservation {
-                client: self.clone(),
-                objects,
-            }),
+            Ok(_) => {
+                let mut held = lock(&self.held);
+                *held = held.plus(objects);
+                Ok(Reservation {
+                    client: self.clone(),
+                    objects,
+                })
+            }
             Err(ClientError::Refused(e)) => Err(VerbsError::DaemonRefused(e)),
             Err(e) => Err(VerbsError::Io(io::Error::other(e.to_string()))),
         }
@@ -296,10 +368,8 @@ fn report_loop(shared: &Weak<DeviceShared>, stop: &(Mutex<bool>, Condvar)) {
             .as_ref()
             .is_none_or(|(r, at)| *r != report || at.elapsed() >= Duration::from_secs(2));
         if stale {
+            // A lost connection is tried again (resumed) by `call`, at most once a second.
             if client.call(&Request::Report(report.clone())).is_err() {
-                if lock(&client.conn).is_none() {
-                    return;
-                }
                 continue;
             }
             last = Some((report, Instant::now()));
@@ -365,6 +435,10 @@ pub(crate) struct Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
+        {
+            let mut held = lock(&self.client.held);
+            *held = held.minus(self.objects);
+        }
         // A daemon that is gone has nothing to release: it reaped the client already.
         let _ = self.client.call(&Request::Release(self.objects));
     }
@@ -427,6 +501,11 @@ pub(crate) fn attach(
         lease,
         pds: AtomicU32::new(0),
         stop: Arc::new((Mutex::new(false), Condvar::new())),
+        local: *local,
+        device: device.to_owned(),
+        member: std::sync::OnceLock::new(),
+        held: Mutex::new(Objects::default()),
+        last_resume: Mutex::new(None),
     };
     Ok((Some(Arc::new(client)), leased))
 }

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 /// The protocol's major version: a client and a daemon of different majors do not talk.
 pub const PROTOCOL_MAJOR: u16 = 1;
 /// The protocol's minor version: only optional fields are added within a major version.
-pub const PROTOCOL_MINOR: u16 = 0;
+pub const PROTOCOL_MINOR: u16 = 1;
 
 /// What a connection is for, said in the hello.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -320,6 +320,18 @@ pub enum Request {
     ResShow,
     /// The daemon's counters (`rocectl stat`).
     Stat,
+    /// (1.1) A device of an earlier daemon run takes its QPN range back after the daemon
+    /// restarted: the connection carries the device's kernel-demux socket (`SCM_RIGHTS`), and
+    /// the daemon grants the range only if that very socket (its cookie) holds `slot` in the
+    /// demultiplexer. `objects` are what the device holds, counted again from then on.
+    Resume {
+        /// The device name (for the views).
+        device: String,
+        /// The slot it holds.
+        slot: u32,
+        /// What it holds.
+        objects: Objects,
+    },
 }
 
 /// A reply from the daemon; exactly one per request.

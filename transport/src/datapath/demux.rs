@@ -654,6 +654,19 @@ impl DemuxGroup {
         }
     }
 
+    /// Whether `socket` is the very socket in `slot` (their `SO_COOKIE`s are equal): how a
+    /// daemon checks a claim to a slot made with the socket in hand (`SCM_RIGHTS`).
+    ///
+    /// # Errors
+    /// [`DemuxError::NoSuchSlot`], [`DemuxError::Io`] (also: `socket` is not a socket).
+    pub fn holds(&self, slot: u32, socket: BorrowedFd<'_>) -> Result<bool, DemuxError> {
+        let theirs = socket_cookie(socket).map_err(|source| DemuxError::Io {
+            op: "read a socket's cookie",
+            source,
+        })?;
+        Ok(self.occupant(slot)? == Some(theirs))
+    }
+
     fn check_slot(&self, slot: u32) -> Result<(), DemuxError> {
         if slot >= self.layout.slots() {
             return Err(DemuxError::NoSuchSlot {
@@ -663,6 +676,32 @@ impl DemuxGroup {
         }
         Ok(())
     }
+}
+
+/// The socket's cookie (`SO_COOKIE`): a number the kernel gives each socket, unique for the
+/// boot, as a `REUSEPORT_SOCKARRAY` lookup returns it.
+///
+/// # Errors
+/// `fd` is not a socket.
+pub fn socket_cookie(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut cookie = 0u64;
+    let mut len = size_of::<u64>() as libc::socklen_t;
+    #[allow(unsafe_code)]
+    // SAFETY: getsockopt writes at most `len` (8) bytes into `cookie`, a live u64, and
+    // stores the length written in `len`; `fd` is borrowed, open for the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cookie)
 }
 
 /// A device's membership in a demux group: which group and which slot. Give it to

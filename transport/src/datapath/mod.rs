@@ -23,7 +23,10 @@
 //! masked). The engine computes every ICRC for an IPv4 header with **Identification 0 and DF
 //! set**, and every backend promises that is the header that goes on the wire: `raw` writes it
 //! itself, and `udp` relies on Linux sending ID 0 from an unconnected socket with
-//! `IP_PMTUDISC_DO` (tested in `tests/udp_ident.rs`). On receive, a backend that sees the IP
+//! `IP_PMTUDISC_DO` (tested in `tests/udp_ident.rs`). The one exception is planned: `udp`'s
+//! IPv4 GSO messages, whose segments the kernel numbers `0, 1, .., n-1`; the backend says so
+//! in [`Datapath::plan_ipv4_idents`] and the engine rewrites those segments' ICRCs
+//! ([`roce_wire::icrc::Ipv4IdentPatcher`]) before it sends (`tests/gso.rs`). On receive, a backend that sees the IP
 //! header reports its Identification and DF bit in [`RxMeta::ipv4`] and the engine checks all
 //! 32 bits of the ICRC. One that cannot (a plain UDP socket) leaves it `None`, and the engine
 //! recovers the Identification from the ICRC by linearity, taking DF as set
@@ -33,9 +36,9 @@
 //!
 //! That check is **weaker than a NIC's**: a corrupted IPv4 packet is accepted with probability
 //! up to 2^-16 (the first packet from a peer), about 2^-23.7 for a packet of an active flow
-//! from a peer whose Identifications change (rdma_rxe), and 2^-32 (the full check) from a peer
-//! that always sends Identification 0 (rocectl, and the `udp` backend's own raw receive
-//! socket when it has `CAP_NET_RAW`, see [`udp`]). IPv6 has no hidden field: always 2^-32.
+//! from a peer whose Identifications change (rdma_rxe), and 2^-26 from a peer that sends
+//! Identification 0 or GSO segment numbers below 64 (rocectl); the full 2^-32 through the
+//! `udp` backend's own raw receive socket when it has `CAP_NET_RAW` (see [`udp`]). IPv6 has no hidden field: always 2^-32.
 //! The exact table is in the checker's docs; `wire/tests/ident_check.rs` measures it.
 
 use std::fmt;
@@ -177,6 +180,21 @@ pub trait Datapath: Send + fmt::Debug {
     /// # Errors
     /// I/O errors other than a full queue.
     fn send(&mut self, batch: &[TxDatagram<'_>]) -> io::Result<usize>;
+
+    /// The IPv4 Identification each datagram of `batch` will carry on the wire if the next
+    /// [`Datapath::send`] gets exactly this batch (same slices), written to `idents[i]`. The
+    /// engine computes every ICRC for Identification 0 and rewrites the ICRC of each datagram
+    /// planned otherwise before it sends. The `udp` backend plans the segments of an IPv4 GSO
+    /// message `0, 1, .., n-1` (the kernel numbers them so, see [`udp`]).
+    ///
+    /// Contract: a backend sends Identification 0 (with DF) for every IPv4 datagram of a batch
+    /// that was not planned just before (a changed batch, a retry after a partial send: plan
+    /// again). Default: 0 for all (backends that write the header themselves, or never
+    /// coalesce).
+    fn plan_ipv4_idents(&mut self, batch: &[TxDatagram<'_>], idents: &mut [u16]) {
+        let _ = batch;
+        idents.fill(0);
+    }
 
     /// Receives up to `bufs.len()` buffers; fills `meta[i]` for each. Returns how many were
     /// filled; `Err(WouldBlock)` when nothing is waiting.

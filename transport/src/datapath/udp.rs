@@ -9,24 +9,56 @@
 //!   socket `ip_select_ident_segs()` writes Identification 0 (a connected socket would count
 //!   per socket instead). So the socket is never `connect`ed. `tests/udp_ident.rs` checks the
 //!   captured header and the ICRC on the wire.
-//! - **GSO only where it keeps that promise.** A UDP GSO message (`UDP_SEGMENT`) is cut into
-//!   datagrams by the kernel (or the NIC), and the IPv4 GSO code (`inet_gso_segment`) numbers
-//!   the segments' Identification 0, 1, 2, ...: every segment after the first would carry a
-//!   wrong ICRC (seen on Linux 6.18 in `tests/udp_ident.rs`). On loopback nothing is cut on the
-//!   way (a GRO socket gets the whole message, any other socket datagrams whose headers nobody
-//!   sees; only a packet capture on `lo` sees one large packet), so IPv4 datagrams are
-//!   coalesced only to destinations in 127.0.0.0/8, and [`DatapathCaps::max_gso_segments`] is 1
-//!   for an IPv4 socket bound elsewhere. IPv6 has no Identification; its datagrams are
-//!   coalesced to any destination. A run to coalesce is consecutive datagrams with the same
-//!   destination, TOS and hop limit, equal lengths (the last may be shorter), payloads back to
-//!   back in memory (the engine's transmit arena lays them out so), at most 64 of them and
-//!   64 KiB in all, each within the interface MTU.
+//! - **IPv4 GSO: each segment's ICRC for its own Identification.** A UDP GSO message
+//!   (`UDP_SEGMENT`) is cut into datagrams by the kernel (or a NIC), and the ICRC covers each
+//!   one's Identification. What Linux 6.x does (read in the source; `tests/udp_ident.rs` and
+//!   `tests/gso.rs` check it on this kernel):
+//!   - `ip_select_ident_segs()` (include/net/ip.h) gives the message its Identification:
+//!     from a *connected* socket the socket's counter (`atomic_add_return(segs, &inet_id)`,
+//!     started at a random value by `connect`, advanced by 1 per `sendmsg` whatever the
+//!     segment count); from an *unconnected* socket with DF (`IP_PMTUDISC_DO`) **0**;
+//!     without DF a hashed per-destination counter with random jumps (`__ip_select_ident`),
+//!     which nobody can predict.
+//!   - `inet_gso_segment()` (net/ipv4/af_inet.c) then numbers the segments `id, id + 1, ..`
+//!     for UDP (`SKB_GSO_UDP_L4`, cut by `__udp_gso_segment`; only TCP has a fixed-ID flag).
+//!   - Who runs it: the sending stack when the device lacks USO (`validate_xmit_skb`), or
+//!     the receiving stack for a UDP socket without `UDP_GRO` (`udp_rcv_segment`, also rxe's
+//!     tunnel socket); veth, bridge and tun pass the message on whole, and a GRO socket or a
+//!     raw socket on the same host gets it whole. Each way the segments carry `id + k`.
+//!   - A NIC with hardware USO cuts the message itself and numbers the Identifications as
+//!     its hardware does (drivers follow the TSO convention of counting up, but nothing in
+//!     the kernel's USO contract says so, and this backend cannot see the wire).
+//!
+//!   So this socket is never `connect`ed and always sets DF: a single datagram carries
+//!   Identification 0 and segment `k` of a GSO message carries `k`. The engine asks
+//!   [`Datapath::plan_ipv4_idents`] which datagrams will share a message and rewrites each
+//!   segment's ICRC for its number ([`roce_wire::icrc::Ipv4IdentPatcher`], at most 16 XORs);
+//!   only a batch planned just before its send is coalesced (any other IPv4 datagram goes
+//!   alone). IPv4 GSO is used to loopback destinations, and off loopback when the interface
+//!   of the local address segments in software (driver `veth`, `tun`, `bridge` or `dummy`,
+//!   from `ETHTOOL_GDRVINFO`) or [`UdpOptions::ipv4_gso_any_device`] says so; a physical NIC
+//!   (whose USO we could not verify) gets one datagram per message. IPv6 has no
+//!   Identification; its datagrams are coalesced to any destination. A run to coalesce is
+//!   consecutive datagrams with the same destination, TOS and hop limit, equal lengths (the
+//!   last may be shorter), payloads back to back in memory (the engine's transmit arena
+//!   lays them out so), at most 64 of them and 64 KiB in all, each within the interface MTU.
 //! - **GSO fallback** (as quinn-udp): if a GSO send fails with `EIO` (older kernels: a device
 //!   without checksum offload; IPsec) or `EINVAL`, GSO is switched off for this socket, counted
-//!   in [`UdpStats::gso_fallbacks`], and the same datagrams are sent again one per message.
+//!   in [`UdpStats::gso_fallbacks`], and the same datagrams are sent again one per message
+//!   (IPv4: by the caller, after planning again, since their ICRCs were rewritten).
 //! - **GRO** (`UDP_GRO`): the kernel may hand over up to 64 datagrams of one flow in one
 //!   buffer; [`RxMeta::stride`] is their size (the last may be shorter). Receive buffers must
-//!   then hold 64 KiB.
+//!   then hold 64 KiB. What the kernel merges (`inet_gro_receive`, `udp_gro_receive_segment`,
+//!   6.x): only datagrams with the same source and destination address, protocol and UDP
+//!   ports, arriving on the same device (`dev_gro_receive`), with a non-zero UDP checksum
+//!   (rdma_rxe sends 0, so its datagrams are never merged), all of the buffer's size but the
+//!   last, at most 64; since 6.9 (and stable backports) also the same TOS, TTL and DF, with
+//!   Identifications counting up by one (or all equal, with DF). So one buffer never mixes
+//!   peers (its one source address is every datagram's), and the engine cuts it at the
+//!   stride and handles each datagram on its own (its own BTH, its own destination QP, its
+//!   own ICRC): datagrams of different QPs of one peer may share a buffer and still reach
+//!   their own QPs. Before 6.9 TOS was not compared, so an ECN CE mark could be reported for
+//!   a whole buffer or lost.
 //! - **TOS and hop limit**: the socket's defaults are [`UdpOptions::tos`] and
 //!   [`UdpOptions::hop_limit`]; a datagram that asks for another value gets an `IP_TOS` /
 //!   `IPV6_TCLASS` (`IP_TTL` / `IPV6_HOPLIMIT`) control message. Received TOS / traffic class
@@ -40,7 +72,10 @@
 //!   ICMP port-unreachable goes out) with a drop-all filter, as the `raw` backend's guard
 //!   socket. The engine then checks all 32 bits of the ICRC ([`DatapathCaps::sees_ip_header`],
 //!   [`UdpDatapath::raw_receive`]). Costs: one copy of each payload down by its 28 header bytes,
-//!   no GRO, and the UDP socket's filter drops show in `nstat` as `UdpInErrors`. Loopback
+//!   no GRO, and the UDP socket's filter drops show in `nstat` as `UdpInErrors`. A whole GSO
+//!   message from a sender on this host (over a veth or bridge) reaches the raw socket as one
+//!   packet; it is recognised and cut at its segment size (`split_gso_message`, counted in
+//!   [`UdpStats::raw_gso_messages`]), and its segments checked with Identifications `id + k`. Loopback
 //!   addresses keep the UDP socket: GSO messages reach a raw socket there as one large packet.
 //!   Without raw receive, the engine recovers the Identification from the ICRC and holds each
 //!   peer to the Identifications it has been sending ([`roce_wire::icrc::Ipv4IdentChecker`]):
@@ -75,6 +110,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::ptr;
 
+use roce_wire::icrc;
 use socket2::{Domain, Protocol, SockAddr, SockFilter, Socket, Type};
 
 use super::demux::{Demux, DemuxError};
@@ -121,6 +157,12 @@ pub struct UdpOptions {
     /// Coalesce runs of datagrams into GSO messages where the kernel supports `UDP_SEGMENT`
     /// and it keeps IPv4 Identification 0 (see the module docs).
     pub gso: bool,
+    /// IPv4 GSO off loopback also through interfaces whose segmentation this backend has not
+    /// verified: a physical NIC (its hardware may cut the message and number the segments
+    /// itself), a VLAN, bond or macvlan over one. Off by default: IPv4 GSO off loopback is
+    /// then used only from `veth`, `tun`/`tap`, `bridge` and `dummy` interfaces, where the
+    /// kernel segments in software (see the module docs).
+    pub ipv4_gso_any_device: bool,
     /// Let the kernel coalesce received datagrams (`UDP_GRO`).
     pub gro: bool,
     /// The socket's TOS / traffic class; datagrams with another one get a control message.
@@ -144,6 +186,7 @@ impl Default for UdpOptions {
     fn default() -> Self {
         Self {
             gso: true,
+            ipv4_gso_any_device: false,
             gro: true,
             tos: 0,
             hop_limit: 64,
@@ -191,6 +234,9 @@ pub struct UdpStats {
     /// Raw receive: datagrams whose IP/UDP headers were inconsistent (dropped; the kernel's
     /// UDP layer would have dropped them too).
     pub raw_malformed: u64,
+    /// Raw receive: whole UDP GSO messages (from a sender on this host, over a veth or
+    /// bridge) cut back into their datagrams (see `split_gso_message`).
+    pub raw_gso_messages: u64,
 }
 
 /// Why a [`UdpDatapath`] could not be opened.
@@ -317,6 +363,15 @@ pub struct UdpDatapath {
     ip_mtu: usize,
     /// Datagrams per GSO message (1: GSO off), after policy and fallbacks.
     gso_segments: usize,
+    /// IPv4 GSO to destinations off loopback (the interface segments in software, or
+    /// [`UdpOptions::ipv4_gso_any_device`]).
+    ipv4_gso_off_loopback: bool,
+    /// The driver of the interface ([`UdpDatapath::interface`]), if the kernel said.
+    driver: Option<String>,
+    /// The batch [`Datapath::plan_ipv4_idents`] planned last: (first payload address, count).
+    plan: Option<(usize, usize)>,
+    /// The batch being sent (or planned) was planned: IPv4 runs may be coalesced.
+    planned: bool,
     gro_segments: usize,
     stats: UdpStats,
     /// The kernel's last `sk_drops` (a wrapping `u32`) folded into `stats.kernel_drops`.
@@ -471,14 +526,21 @@ impl UdpDatapath {
                 })?;
         }
 
-        let gso_segments = if opts.gso && gso_supported(fd) {
-            // IPv4: only loopback destinations get GSO; report it as a capability only when
-            // all our traffic is loopback traffic.
-            if v4 && !bound.ip().is_loopback() {
-                1
-            } else {
-                GSO_MAX_SEGMENTS
-            }
+        let interface = interface_of(bound.ip());
+        let driver = interface
+            .as_deref()
+            .and_then(|name| interface_driver(fd, name));
+        let ipv4_gso_off_loopback = v4
+            && !bound.ip().is_loopback()
+            && (opts.ipv4_gso_any_device
+                || driver
+                    .as_deref()
+                    .is_some_and(|d| SOFTWARE_SEGMENTING_DRIVERS.contains(&d)));
+        let gso_segments = if opts.gso
+            && (!v4 || bound.ip().is_loopback() || ipv4_gso_off_loopback)
+            && gso_supported(fd)
+        {
+            GSO_MAX_SEGMENTS
         } else {
             1
         };
@@ -498,7 +560,6 @@ impl UdpDatapath {
         };
         // The kernel's drop count with every receive (Linux 2.6.33+).
         setsockopt_int(fd, libc::SOL_SOCKET, SO_RXQ_OVFL, 1).map_err(io_err("set SO_RXQ_OVFL"))?;
-        let interface = interface_of(bound.ip());
         let ip_mtu = interface
             .as_deref()
             .and_then(|name| interface_mtu(fd, name))
@@ -512,6 +573,10 @@ impl UdpDatapath {
             interface,
             ip_mtu,
             gso_segments,
+            ipv4_gso_off_loopback,
+            driver,
+            plan: None,
+            planned: false,
             gro_segments,
             stats: UdpStats::default(),
             sk_drops: 0,
@@ -562,11 +627,27 @@ impl UdpDatapath {
         self.sk_drops = now;
     }
 
-    /// Whether `d` may share a GSO message: IPv6, or IPv4 to a loopback address.
+    /// The driver of the interface that owns the local address (`veth`, `tun`, `bridge`,
+    /// `loopback`, a NIC driver), if the kernel reports one (`ETHTOOL_GDRVINFO`).
+    pub fn driver(&self) -> Option<&str> {
+        self.driver.as_deref()
+    }
+
+    /// Whether IPv4 datagrams to destinations off loopback are coalesced into GSO messages
+    /// (see the module docs and [`UdpOptions::ipv4_gso_any_device`]).
+    pub fn ipv4_gso_off_loopback(&self) -> bool {
+        self.ipv4_gso_off_loopback && self.gso_segments > 1
+    }
+
+    /// Whether `d` may share a GSO message: IPv6; IPv4 only in a planned batch (the engine
+    /// rewrote each segment's ICRC for its Identification), to loopback or, where the
+    /// interface segments in software, anywhere.
     fn gso_allowed(&self, dst: &SocketAddr) -> bool {
         self.gso_segments > 1
             && match dst {
-                SocketAddr::V4(a) => a.ip().is_loopback(),
+                SocketAddr::V4(a) => {
+                    self.planned && (a.ip().is_loopback() || self.ipv4_gso_off_loopback)
+                }
                 SocketAddr::V6(_) => true,
             }
     }
@@ -685,6 +766,11 @@ impl UdpDatapath {
                         // GSO on this socket and send the same datagrams one by one.
                         self.gso_segments = 1;
                         self.stats.gso_fallbacks += 1;
+                        if self.local.is_ipv4() {
+                            // Their ICRCs were rewritten for Identifications 1, 2, ..: the
+                            // caller must plan again (all 0 now) before they go out.
+                            return Ok((0, false));
+                        }
                     }
                     _ => return Err(e),
                 },
@@ -699,6 +785,7 @@ impl fmt::Debug for UdpDatapath {
             .field("local", &self.local)
             .field("fd", &self.socket.as_raw_fd())
             .field("interface", &self.interface)
+            .field("driver", &self.driver)
             .field("ip_mtu", &self.ip_mtu)
             .field("gso_segments", &self.gso_segments)
             .field("gro_segments", &self.gro_segments)
@@ -723,7 +810,13 @@ impl Datapath for UdpDatapath {
         DatapathCaps {
             ip_mtu: self.ip_mtu,
             max_gso_segments: self.gso_segments,
-            gro_segments: self.gro_segments,
+            // Raw receive: a whole GSO message from a sender on this host may come in as one
+            // packet (see `split_gso_message`), so buffers must hold 64 KiB as for GRO.
+            gro_segments: if self.raw.is_some() {
+                GRO_MAX_SEGMENTS
+            } else {
+                self.gro_segments
+            },
             fixed_source_port: Some(self.local.port()),
             sees_ip_header: self.raw.is_some(),
         }
@@ -737,20 +830,56 @@ impl Datapath for UdpDatapath {
     /// (`EAGAIN`, `ENOBUFS`) or any error after the first message ends the call with the count
     /// sent so far; the error comes back on the next call, which starts with that datagram.
     fn send(&mut self, batch: &[TxDatagram<'_>]) -> io::Result<usize> {
+        self.planned = self.plan.take() == Some(plan_key(batch));
         let mut sent = 0;
-        while sent < batch.len() {
+        let result = loop {
+            if sent == batch.len() {
+                break Ok(sent);
+            }
             match self.send_chunk(&batch[sent..]) {
                 Ok((n, complete)) => {
                     sent += n;
                     if !complete {
-                        break;
+                        break Ok(sent);
                     }
                 }
-                Err(_) if sent > 0 => break,
-                Err(e) => return Err(e),
+                Err(_) if sent > 0 => break Ok(sent),
+                Err(e) => break Err(e),
+            }
+        };
+        self.planned = false;
+        result
+    }
+
+    /// Plans as [`Datapath::send`] will send, assuming every message goes out: the segments
+    /// of an IPv4 GSO message get `0, 1, .., n-1` (`inet_gso_segment` numbers them from the
+    /// message's Identification, which is 0 for an unconnected socket with DF), everything
+    /// else 0.
+    fn plan_ipv4_idents(&mut self, batch: &[TxDatagram<'_>], idents: &mut [u16]) {
+        let n = batch.len().min(idents.len());
+        idents[..n].fill(0);
+        self.plan = None;
+        if !self.local.is_ipv4() || self.gso_segments <= 1 || n == 0 {
+            return;
+        }
+        self.planned = true;
+        let mut at = 0;
+        while at < n {
+            let msgs = self.prepare_tx(&batch[at..n]);
+            if msgs == 0 {
+                break;
+            }
+            for k in 0..msgs {
+                let segs = self.msgs.segments[k];
+                for (j, id) in idents[at..at + segs].iter_mut().enumerate() {
+                    // j < GSO_MAX_SEGMENTS (64): fits a u16.
+                    *id = j as u16;
+                }
+                at += segs;
             }
         }
-        Ok(sent)
+        self.planned = false;
+        self.plan = Some(plan_key(&batch[..n]));
     }
 
     /// Receives with `recvmmsg`. Datagrams cut short by a small buffer (`MSG_TRUNC`) are
@@ -800,8 +929,12 @@ impl Datapath for UdpDatapath {
                             continue;
                         }
                     }
+                    let m = meta[out];
                     self.stats.rx_messages += 1;
-                    self.stats.rx_datagrams += 1;
+                    self.stats.rx_datagrams += m.len.div_ceil(m.stride.max(1)).max(1) as u64;
+                    if m.stride < m.len {
+                        self.stats.raw_gso_messages += 1;
+                    }
                     out += 1;
                     continue;
                 }
@@ -1246,6 +1379,79 @@ fn setsockopt_int(
     Ok(())
 }
 
+/// Drivers of interfaces that hand a UDP GSO message on whole and leave its segmentation to
+/// the kernel's software GSO (on the way out of a device without USO, or in the receiving
+/// stack): `inet_gso_segment` then numbers the segments' Identification from the message's.
+const SOFTWARE_SEGMENTING_DRIVERS: [&str; 4] = ["veth", "tun", "bridge", "dummy"];
+
+/// What identifies a planned batch: its first payload's address and its length.
+fn plan_key(batch: &[TxDatagram<'_>]) -> (usize, usize) {
+    (
+        batch.first().map_or(0, |d| d.payload.as_ptr() as usize),
+        batch.len(),
+    )
+}
+
+/// The driver name of interface `name` (`ETHTOOL_GDRVINFO`, asked through `fd` so that it is
+/// answered in the socket's network namespace).
+fn interface_driver(fd: RawFd, name: &str) -> Option<String> {
+    const ETHTOOL_GDRVINFO: u32 = 0x0000_0003;
+    /// `struct ethtool_drvinfo` (linux/ethtool.h).
+    #[repr(C)]
+    struct DrvInfo {
+        cmd: u32,
+        driver: [u8; 32],
+        version: [u8; 32],
+        fw_version: [u8; 32],
+        bus_info: [u8; 32],
+        erom_version: [u8; 32],
+        reserved2: [u8; 12],
+        n_priv_flags: u32,
+        n_stats: u32,
+        testinfo_len: u32,
+        eedump_len: u32,
+        regdump_len: u32,
+    }
+    let mut info = DrvInfo {
+        cmd: ETHTOOL_GDRVINFO,
+        driver: [0; 32],
+        version: [0; 32],
+        fw_version: [0; 32],
+        bus_info: [0; 32],
+        erom_version: [0; 32],
+        reserved2: [0; 12],
+        n_priv_flags: 0,
+        n_stats: 0,
+        testinfo_len: 0,
+        eedump_len: 0,
+        regdump_len: 0,
+    };
+    #[allow(unsafe_code)]
+    // SAFETY: ifreq is plain C data; all zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { mem::zeroed() };
+    let bytes = name.as_bytes();
+    if bytes.len() >= req.ifr_name.len() {
+        return None;
+    }
+    for (d, &b) in req.ifr_name.iter_mut().zip(bytes) {
+        *d = b as libc::c_char;
+    }
+    req.ifr_ifru.ifru_data = (&mut info as *mut DrvInfo).cast();
+    #[allow(unsafe_code)]
+    // SAFETY: SIOCETHTOOL reads the NUL-terminated name and, for ETHTOOL_GDRVINFO, writes at
+    // most one `struct ethtool_drvinfo` through `ifru_data`, which points at the live,
+    // exclusively borrowed `info` of exactly that layout.
+    let r = unsafe { libc::ioctl(fd, libc::SIOCETHTOOL, &mut req as *mut libc::ifreq) };
+    if r < 0 {
+        return None;
+    }
+    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(32);
+    std::str::from_utf8(&info.driver[..end])
+        .ok()
+        .filter(|d| !d.is_empty())
+        .map(str::to_owned)
+}
+
 /// The BTH DestQP bytes of a UDP payload (`None` if too short to hold them).
 fn dest_qpn(payload: &[u8]) -> Option<&[u8]> {
     payload.get(5..8)
@@ -1352,15 +1558,102 @@ fn strip_ipv4_udp(buf: &mut [u8], port: u16) -> Option<RxMeta> {
     };
     let tos = buf[1];
     let payload = udp_len - UDP_HEADER;
+    let stride = if ihl == IPV4_HEADER {
+        split_gso_message(&buf[..total]).unwrap_or(payload)
+    } else {
+        payload
+    };
     buf.copy_within(ihl + UDP_HEADER..total, 0);
     Some(RxMeta {
         len: payload,
-        stride: payload,
+        stride,
         src: SocketAddr::V4(SocketAddrV4::new(src, sport)),
         dst: SocketAddr::V4(SocketAddrV4::new(dst, dport)),
         tos,
         ipv4: Some(info),
     })
+}
+
+/// Largest UDP payload of one RoCEv2 packet: BTH, RETH + ImmDt, the largest path MTU, ICRC.
+const MAX_ROCE_PAYLOAD: usize = 12 + 20 + 4_096 + 4;
+/// Path MTUs a FIRST or MIDDLE packet's payload is exactly one of.
+const PMTUS: [usize; 5] = [256, 512, 1_024, 2_048, 4_096];
+/// Most candidate segment sizes whose ICRC `split_gso_message` computes for one packet
+/// (bounds the work a hostile packet can cause).
+const MAX_SPLIT_TRIES: usize = 8;
+
+/// Raw receive: whether an IPv4 packet (`ip`: a 20-byte header .. end) is a whole UDP GSO
+/// message rather than one datagram, and if so the UDP payload size of its segments.
+///
+/// A GSO message from a sender on this host can cross a veth or bridge whole; the receiving
+/// kernel cuts it only for the UDP socket, so the raw socket sees it as one large packet
+/// whose segments' Identifications are the header's + 0, 1, 2, ... (`inet_gso_segment`).
+/// It is told apart by what no single RoCEv2 packet can be: longer than
+/// [`MAX_ROCE_PAYLOAD`], a FIRST/MIDDLE packet whose payload is not a path MTU, or, for
+/// other opcodes, an ICRC that is wrong for the whole packet. The segment size is the first
+/// candidate whose first segment carries a valid ICRC (for FIRST/MIDDLE the five path MTUs;
+/// otherwise sizes at which a BTH with the same P_Key and transport version starts, at most
+/// [`MAX_SPLIT_TRIES`] of them). `None`: one datagram (or nothing that splits; the engine's
+/// ICRC check then drops it).
+fn split_gso_message(ip: &[u8]) -> Option<usize> {
+    let payload = ip.get(IPV4_HEADER + UDP_HEADER..)?;
+    if payload.len() < 12 + 4 {
+        return None;
+    }
+    let opcode = payload[0];
+    // FIRST and MIDDLE packets of RC and UC: the header length, their payload a path MTU.
+    let first_middle = match opcode & 0x1F {
+        0x00 | 0x01 | 0x07 => Some(12),
+        0x06 => Some(12 + 16),
+        0x0D if opcode & 0xE0 == 0 => Some(12 + 4),
+        0x0E if opcode & 0xE0 == 0 => Some(12),
+        _ => None,
+    }
+    .filter(|_| opcode & 0xE0 <= 0x20);
+    let single = payload.len() <= MAX_ROCE_PAYLOAD
+        && match first_middle {
+            Some(h) => payload
+                .len()
+                .checked_sub(h + 4)
+                .is_some_and(|p| PMTUS.contains(&p)),
+            None => icrc::verify(ip),
+        };
+    if single {
+        return None;
+    }
+    let fits =
+        |s: usize| s >= 16 && s < payload.len() && s % 4 == 0 && first_segment_icrc_ok(ip, s);
+    if let Some(h) = first_middle {
+        return PMTUS.iter().map(|p| h + p + 4).find(|&s| fits(s));
+    }
+    let (pkey, tver) = ([payload[2], payload[3]], payload[1] & 0x0F);
+    (16..payload.len().min(MAX_ROCE_PAYLOAD + 1))
+        .step_by(4)
+        .filter(|&s| {
+            payload.get(s + 1).is_some_and(|b| b & 0x0F == tver)
+                && payload.get(s + 2..s + 4) == Some(&pkey[..])
+        })
+        .take(MAX_SPLIT_TRIES)
+        .find(|&s| fits(s))
+}
+
+/// Whether the first `s` bytes of the UDP payload of `ip` (a whole GSO message) carry a valid
+/// ICRC as a datagram of their own, with the message's IP header (lengths adjusted).
+fn first_segment_icrc_ok(ip: &[u8], s: usize) -> bool {
+    let mut hdr = [0u8; IPV4_HEADER + UDP_HEADER];
+    hdr.copy_from_slice(&ip[..IPV4_HEADER + UDP_HEADER]);
+    let Ok(total) = u16::try_from(IPV4_HEADER + UDP_HEADER + s) else {
+        return false;
+    };
+    hdr[2..4].copy_from_slice(&total.to_be_bytes());
+    hdr[IPV4_HEADER + 4..IPV4_HEADER + 6].copy_from_slice(&(total - 20).to_be_bytes());
+    let seg = &ip[IPV4_HEADER + UDP_HEADER..IPV4_HEADER + UDP_HEADER + s];
+    let Some(mut c) = icrc::Icrc::start(&hdr[..IPV4_HEADER], &hdr[IPV4_HEADER..], &seg[..12])
+    else {
+        return false;
+    };
+    c.update(&seg[12..s - 4]);
+    c.finish()[..] == seg[s - 4..]
 }
 
 /// The socket's drop count (`sk_drops`, from `SO_MEMINFO`), if the kernel reports it.
@@ -1574,10 +1867,74 @@ mod tests {
             })
             .collect();
         let m = dp.prepare_tx(&batch);
+        assert_eq!(
+            (m, &dp.msgs.segments[..m]),
+            (10, &[1; 10][..]),
+            "IPv4, not planned"
+        );
+        dp.planned = true;
+        let m = dp.prepare_tx(&batch);
         assert_eq!((m, &dp.msgs.segments[..m]), (1, &[10][..]), "exclusive");
         dp.demux_slot = Some(1);
         let m = dp.prepare_tx(&batch);
         assert_eq!(&dp.msgs.segments[..m], &[3, 2, 1, 4], "demux");
+    }
+
+    /// An IPv4 RoCEv2 datagram with `payload` after a BTH of `opcode`, Identification `id`,
+    /// its ICRC computed.
+    fn roce_v4(opcode: u8, id: u16, payload: &[u8]) -> Vec<u8> {
+        let total = 20 + 8 + 12 + payload.len() + 4;
+        let mut p = vec![0x45, 0, (total >> 8) as u8, total as u8];
+        p.extend_from_slice(&id.to_be_bytes());
+        p.extend_from_slice(&[0x40, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2]);
+        let udp = total - 20;
+        p.extend_from_slice(&[0x12, 0xB7, 0x12, 0xB7, (udp >> 8) as u8, udp as u8, 0, 0]);
+        p.extend_from_slice(&[opcode, 0, 0xFF, 0xFF, 0, 0, 0, 0x11, 0, 0, 0, 7]);
+        p.extend_from_slice(payload);
+        p.extend_from_slice(&[0; 4]);
+        let icrc = icrc::compute(&p).unwrap();
+        let end = p.len() - 4;
+        p[end..].copy_from_slice(&icrc);
+        p
+    }
+
+    /// What a raw socket sees of a whole GSO message: the first segment's header with the
+    /// total lengths, then every segment's UDP payload.
+    fn whole_message(segments: &[Vec<u8>]) -> Vec<u8> {
+        let mut m = segments[0][..28].to_vec();
+        for s in segments {
+            m.extend_from_slice(&s[28..]);
+        }
+        let total = m.len() as u16;
+        m[2..4].copy_from_slice(&total.to_be_bytes());
+        m[24..26].copy_from_slice(&(total - 20).to_be_bytes());
+        m
+    }
+
+    #[test]
+    fn whole_gso_messages_are_cut_at_their_segment_size() {
+        // RC WRITE MIDDLE x 3 at path MTU 1024, Identifications 0, 1, 2.
+        let segs: Vec<Vec<u8>> = (0..3u16)
+            .map(|k| roce_v4(0x07, k, &[k as u8; 1_024]))
+            .collect();
+        assert_eq!(split_gso_message(&segs[0]), None, "one datagram");
+        assert_eq!(
+            split_gso_message(&whole_message(&segs)),
+            Some(12 + 1_024 + 4)
+        );
+        // SEND ONLY x 5 of 60 bytes and a shorter last one: found by the BTH search.
+        let mut only: Vec<Vec<u8>> = (0..5u16).map(|k| roce_v4(0x04, k, &[0x5A; 60])).collect();
+        only.push(roce_v4(0x04, 5, &[1; 8]));
+        assert_eq!(split_gso_message(&only[0]), None);
+        assert_eq!(split_gso_message(&whole_message(&only)), Some(12 + 60 + 4));
+        // A corrupted single packet is no GSO message (the engine's check drops it).
+        let mut bad = roce_v4(0x04, 0, &[0xFF; 200]);
+        bad[100] ^= 1;
+        assert_eq!(split_gso_message(&bad), None);
+        // Garbage never panics.
+        for len in 0..80 {
+            let _ = split_gso_message(&vec![0x45; len]);
+        }
     }
 
     #[test]

@@ -199,6 +199,12 @@ impl Device {
             None => None,
         };
         let fd = engine.datapath().readiness_fd();
+        // Kernel demux: the member socket proves the device's slot to a restarted daemon.
+        if let (Some(d), Some(_), Some(raw)) = (&daemon, &demux, fd) {
+            if let Ok(member) = crate::sys::dup_fd(raw) {
+                d.set_member(member);
+            }
+        }
         let mut ids = Ids::new(config.seed).map_err(OpenError::Io)?;
         let range = config
             .qpn_range

@@ -1,0 +1,140 @@
+//! The file store and the callback bootstraps, and several QPs per peer (chunks striped
+//! round-robin, so they arrive out of order across QPs).
+
+mod common;
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use roce_collectives::{Bootstrap, CollError, Communicator, ExchangeFn, ReduceOp};
+
+fn exercise(c: &Communicator) -> Result<(), CollError> {
+    let n = c.size() as i64;
+    for count in [0usize, 1, 3000, 40_000] {
+        let mut v: Vec<i64> = (0..count as i64).map(|i| i + c.rank() as i64).collect();
+        c.allreduce_in_place(&mut v, ReduceOp::Sum)?;
+        for (i, x) in v.iter().enumerate() {
+            assert_eq!(
+                *x,
+                n * i as i64 + n * (n - 1) / 2,
+                "count {count} element {i}"
+            );
+        }
+    }
+    c.barrier()
+}
+
+#[test]
+fn file_store_bootstrap() {
+    let dir = std::env::temp_dir().join(format!(
+        "coll-file-{}-{}",
+        std::process::id(),
+        common::block()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("store");
+    let b = common::block();
+    let ths: Vec<_> = (0..3)
+        .map(|rank| {
+            let (path, o) = (path.clone(), common::opts(b));
+            std::thread::spawn(move || {
+                let c = Communicator::init(
+                    Bootstrap::File {
+                        path,
+                        rank,
+                        size: 3,
+                    },
+                    o,
+                )?;
+                exercise(&c)
+            })
+        })
+        .collect();
+    for t in ths {
+        t.join().unwrap().unwrap();
+    }
+    // Each rank removed its files when its communicator went.
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn callback_bootstrap_rejects_a_wrong_answer_and_works_with_a_right_one() {
+    // A callback that answers with the wrong number of blobs is an error, not a hang.
+    let bad: ExchangeFn = Arc::new(|b: Vec<u8>| Ok(vec![b]));
+    let e = Communicator::init(
+        Bootstrap::Callback {
+            rank: 0,
+            size: 2,
+            exchange: bad,
+        },
+        common::opts(common::block()),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("1 blobs for 2 ranks"), "{e}");
+
+    // A rank-ordered allgather: rank r waits for its turn to push.
+    let n = 3;
+    let turn = Arc::new((
+        Mutex::new((0usize, Vec::<Vec<u8>>::new(), 0usize)),
+        Condvar::new(),
+    ));
+    let b = common::block();
+    let ths: Vec<_> = (0..n)
+        .map(|rank| {
+            let turn = turn.clone();
+            let exchange: ExchangeFn = Arc::new(move |blob: Vec<u8>| {
+                let (m, cv) = &*turn;
+                let mut g = m.lock().unwrap();
+                let round = g.2;
+                g = cv
+                    .wait_timeout_while(g, Duration::from_secs(10), |g| g.0 != rank || g.2 != round)
+                    .unwrap()
+                    .0;
+                g.1.push(blob);
+                g.0 += 1;
+                if g.0 == n {
+                    g.0 = 0;
+                    g.2 += 1;
+                }
+                cv.notify_all();
+                g = cv
+                    .wait_timeout_while(g, Duration::from_secs(10), |g| g.2 == round)
+                    .unwrap()
+                    .0;
+                let all = g.1[round * n..(round + 1) * n].to_vec();
+                Ok(all)
+            });
+            let o = common::opts(b);
+            std::thread::spawn(move || {
+                let c = Communicator::init(
+                    Bootstrap::Callback {
+                        rank,
+                        size: n,
+                        exchange,
+                    },
+                    o,
+                )?;
+                exercise(&c)
+            })
+        })
+        .collect();
+    for t in ths {
+        t.join().unwrap().unwrap();
+    }
+}
+
+#[test]
+fn several_qps_per_peer_stripe_the_chunks() {
+    for n in [2, 3] {
+        let mut o = common::opts(common::block());
+        o.qps_per_peer = 3;
+        o.chunk_bytes = 4096;
+        o.slots = 5;
+        let out = common::run(n, o, |c| exercise(&c));
+        for r in out {
+            r.unwrap().unwrap();
+        }
+    }
+}

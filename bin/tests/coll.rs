@@ -471,3 +471,27 @@ fn coll_perf_finds_its_rank_from_open_mpi_and_slurm_variables_too() {
         );
     }
 }
+
+#[test]
+fn launch_refuses_to_run_without_root_in_one_line() {
+    if !roce_testkit::require_root("coll launch without root", "drops root with setpriv") {
+        return;
+    }
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            ROCECTL,
+        ])
+        .args(["coll", "launch", "-n", "2", "--", "true"])
+        .output()
+        .expect("setpriv (util-linux)");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "rocectl: error: coll launch needs root: it creates network namespaces (run it with sudo)\n"
+    );
+}

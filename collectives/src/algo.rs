@@ -9,7 +9,7 @@
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CollError;
 use crate::net::{Apply, Region, Xfer};
-use crate::reduce::{finish, reduce_into};
+use crate::reduce::{finish, reduce_many};
 
 /// A local step over the buffers.
 pub(crate) type LocalFn = Box<dyn FnOnce(&mut [&mut [u8]]) -> Result<(), CollError> + Send>;
@@ -151,24 +151,27 @@ fn direct_rs(
         );
     }
     plan.x("reduce-scatter (direct)", x);
-    plan.local(move |bufs| {
-        let own = mine.off..mine.off + l;
-        let mut acc = if r == 0 {
-            bufs[0][own.clone()].to_vec()
-        } else {
-            bufs[t][..l].to_vec()
-        };
-        for j in 1..n {
-            let src = if j == r {
-                &bufs[0][own.clone()]
-            } else {
-                &bufs[t][j * l..(j + 1) * l]
-            };
-            reduce_into(dt, op, &mut acc, src)?;
-        }
-        bufs[0][own].copy_from_slice(&acc);
-        Ok(())
-    });
+    plan.local(move |bufs| fold_in_rank_order(dt, op, bufs, mine.off, t, l, r, n));
+}
+
+/// Buffer `t` holds rank j's contribution at `j · l` for every j but `r`, whose own is at
+/// `own` in buffer 0: writes `((x0 op x1) op x2) …` over the own one.
+#[allow(clippy::too_many_arguments)]
+fn fold_in_rank_order(
+    dt: DataType,
+    op: ReduceOp,
+    bufs: &mut [&mut [u8]],
+    own: usize,
+    t: usize,
+    l: usize,
+    r: usize,
+    n: usize,
+) -> Result<(), CollError> {
+    let (head, tail) = bufs.split_at_mut(1);
+    let (out, tmp) = (&mut head[0][own..own + l], &mut tail[t - 1]);
+    tmp[r * l..(r + 1) * l].copy_from_slice(out);
+    let inputs: Vec<&[u8]> = (0..n).map(|j| &tmp[j * l..(j + 1) * l]).collect();
+    reduce_many(dt, op, out, &inputs)
 }
 
 /// The non-power-of-two fold of recursive doubling/halving: ranks below `2·rem` pair up,
@@ -221,6 +224,7 @@ pub(crate) enum Allreduce {
     HalvingDoubling,
     RecursiveDoubling,
     Deterministic,
+    Direct,
 }
 
 /// Allreduce of buffer 0 (`count` elements).
@@ -307,6 +311,28 @@ pub(crate) fn allreduce(
                     }
                 }
                 unfold(&mut plan, r, n, p, whole);
+            }
+            Allreduce::Direct => {
+                // One round: every rank's whole vector to every other; each folds the n
+                // vectors in rank order (so the same bits everywhere, and the
+                // deterministic order).
+                let len = count * es;
+                let t = plan.temp(n * len);
+                let mut x = Xfer::default();
+                for k in 1..n {
+                    let to = (r + k) % n;
+                    let from = (r + n - k) % n;
+                    x.send(to, whole, vec![]);
+                    x.recv(
+                        from,
+                        Region::new(t, from * len, len),
+                        Apply::Copy,
+                        vec![],
+                        vec![],
+                    );
+                }
+                plan.x("allreduce/direct", x);
+                plan.local(move |bufs| fold_in_rank_order(dt, op, bufs, 0, t, len, r, n));
             }
             Allreduce::Deterministic => {
                 let b = blocks(count, n, es);

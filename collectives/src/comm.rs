@@ -79,10 +79,11 @@ impl Handle {
     /// Waits for the operation and returns its buffer (the result).
     ///
     /// # Errors
-    /// The operation's error. The operation itself fails at its timeout; a worker that
-    /// never answers (it cannot) would give [`CollError::Timeout`] after twice that.
+    /// The operation's error. Each operation fails at its timeout, so this returns within
+    /// (operations posted ahead of it + 1) timeouts; past that (plus 5 s) it gives up with
+    /// [`CollError::Timeout`] rather than wait for a worker that can no longer answer.
     pub fn wait(self) -> Result<Vec<u8>, CollError> {
-        let deadline = Instant::now() + self.limit * 2 + Duration::from_secs(1);
+        let deadline = Instant::now() + self.limit;
         let mut g = lock(&self.slot.result);
         loop {
             if let Some(r) = g.take() {
@@ -94,7 +95,7 @@ impl Handle {
                     rank: self.rank,
                     peer: None,
                     phase: "waiting for a handle".into(),
-                    after: self.limit * 2,
+                    after: self.limit,
                 });
             }
             g = self
@@ -379,9 +380,18 @@ impl Communicator {
             _ => None,
         };
         let cfg = device_config(&opts, store, rank)?;
+        let auto = matches!(opts.device, DeviceChoice::Auto);
         let dev = Device::open(cfg).map_err(|e| CollError::Transport {
             rank,
-            what: format!("opening the device: {e}"),
+            what: format!(
+                "opening the device: {e}{}",
+                if auto {
+                    " (several ranks on one host share its address only through the rocectl \
+                     daemon; or give each rank its own with ROCECTL_COLL_ADDR)"
+                } else {
+                    ""
+                }
+            ),
         })?;
         let ip = dev.local_addr().ip();
         let service = match &b {
@@ -428,9 +438,19 @@ impl Communicator {
             tags: (TAG_INIT, TAG_READY),
             deadline,
         };
-        let mut c = setup.build()?;
-        c.files = files;
-        Ok(c)
+        match setup.build() {
+            Ok(mut c) => {
+                c.files = files;
+                Ok(c)
+            }
+            Err(e) => {
+                // A failed init leaves no files for a later job to read.
+                if let Some((path, tags)) = &files {
+                    file_cleanup(path, tags, rank);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// [`Self::init`] with [`Bootstrap::Env`] and [`CommOptions::from_env`].
@@ -459,6 +479,20 @@ impl Communicator {
     /// The device's local address.
     pub fn local_addr(&self) -> SocketAddr {
         self.dev.local_addr()
+    }
+
+    /// The allreduce algorithm a call on `bytes` bytes runs with this communicator's options
+    /// (what [`Algorithm::Auto`] picks): `ring`, `hd`, `rd`, `direct` or `deterministic`
+    /// (a direct reduce-scatter in rank order, then a ring allgather). For benchmarks'
+    /// reports.
+    pub fn allreduce_algorithm(&self, bytes: usize) -> &'static str {
+        match self.shared.allreduce_algo(bytes) {
+            Allreduce::Ring => "ring",
+            Allreduce::HalvingDoubling => "hd",
+            Allreduce::RecursiveDoubling => "rd",
+            Allreduce::Direct => "direct",
+            Allreduce::Deterministic => "deterministic",
+        }
     }
 
     /// The ranks known to have failed, with what was seen (for [`Self::shrink`]).
@@ -653,6 +687,19 @@ impl Communicator {
         root: usize,
     ) -> Result<(), CollError> {
         self.scope().reduce_raw(dt, op, send, recv, root)
+    }
+    /// Reduce in place to `root` (`buf` is the result there, untouched elsewhere).
+    ///
+    /// # Errors
+    /// As [`CallScope::allreduce_raw`].
+    pub fn reduce_in_place_raw(
+        &self,
+        dt: DataType,
+        op: ReduceOp,
+        buf: &mut [u8],
+        root: usize,
+    ) -> Result<(), CollError> {
+        self.scope().reduce_in_place_raw(dt, op, buf, root)
     }
     /// Sends `buf` to `peer` (matched by its [`Self::recv_raw`] of the same length).
     ///
@@ -889,7 +936,16 @@ impl Communicator {
             return Err(CollError::InvalidArgument("communicator closed".into()));
         };
         let slot = Arc::new(Slot::default());
-        *lock(&self.shared.pending) += 1;
+        // The worker finishes each operation within its timeout: this one within
+        // (operations ahead + 1) timeouts. A handle waits that long (and a little) at most.
+        let ahead = {
+            let mut p = lock(&self.shared.pending);
+            *p += 1;
+            *p
+        };
+        let limit = timeout
+            .saturating_mul(u32::try_from(ahead).unwrap_or(u32::MAX))
+            .saturating_add(Duration::from_secs(5));
         let job: Job = Box::new(move |s| f(s, timeout));
         if jobs.send((job, slot.clone())).is_err() {
             *lock(&self.shared.pending) -= 1;
@@ -897,7 +953,7 @@ impl Communicator {
         }
         Ok(Handle {
             slot,
-            limit: timeout,
+            limit,
             rank: self.shared.rank,
         })
     }
@@ -1018,7 +1074,14 @@ impl Setup<'_> {
             .name(format!("coll-worker-{rank}"))
             .spawn(move || {
                 while let Ok((job, slot)) = rx.recv() {
-                    let r = job(&s);
+                    // A panic in an operation (a bug) fails that operation, not the worker.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&s)))
+                        .unwrap_or_else(|_| {
+                            Err(CollError::InvalidArgument(format!(
+                                "rank {}: internal error (a panic) in a non-blocking operation",
+                                s.rank
+                            )))
+                        });
                     *lock(&slot.result) = Some(r);
                     slot.cv.notify_all();
                     let _ = (&s.notify_tx).write(&[1]);
@@ -1124,13 +1187,22 @@ impl Shared {
     }
 
     fn allreduce_algo(&self, bytes: usize) -> Allreduce {
+        let n = self.size;
+        // Direct folds in rank order: the deterministic order in one round. (Under Auto it
+        // loses to recursive doubling with blocking waits: n−1 messages to wake for.)
+        let direct_fits = n >= 3 && bytes.saturating_mul(n - 1) <= self.opts.small_bytes / 2;
         if self.opts.deterministic {
-            return Allreduce::Deterministic;
+            return if direct_fits || self.opts.algorithm == Algorithm::Direct {
+                Allreduce::Direct
+            } else {
+                Allreduce::Deterministic
+            };
         }
         match self.opts.algorithm {
             Algorithm::Ring => Allreduce::Ring,
             Algorithm::HalvingDoubling => Allreduce::HalvingDoubling,
             Algorithm::RecursiveDoubling => Allreduce::RecursiveDoubling,
+            Algorithm::Direct => Allreduce::Direct,
             Algorithm::Auto if bytes <= self.opts.small_bytes => Allreduce::RecursiveDoubling,
             Algorithm::Auto => Allreduce::Ring,
         }
@@ -1167,7 +1239,10 @@ impl Shared {
         let ring = !self.opts.deterministic
             && match self.opts.algorithm {
                 Algorithm::Auto => buf.len() > self.opts.small_bytes,
-                Algorithm::Ring | Algorithm::HalvingDoubling | Algorithm::RecursiveDoubling => true,
+                Algorithm::Ring
+                | Algorithm::HalvingDoubling
+                | Algorithm::RecursiveDoubling
+                | Algorithm::Direct => true,
             };
         let count = buf.len() / self.size / dt.size();
         let plan = algo::reduce_scatter(ring, dt, op, self.rank, self.size, count);
@@ -1424,6 +1499,26 @@ impl CallScope<'_> {
             recv.copy_from_slice(&work);
         }
         Ok(())
+    }
+    /// Reduce in place: on the root `buf` becomes the reduction of every rank's `buf`;
+    /// elsewhere `buf` is left as it was (the reduction runs on a copy there).
+    ///
+    /// # Errors
+    /// As [`Self::allreduce_raw`].
+    pub fn reduce_in_place_raw(
+        &self,
+        dt: DataType,
+        op: ReduceOp,
+        buf: &mut [u8],
+        root: usize,
+    ) -> Result<(), CollError> {
+        if self.comm.rank() == root {
+            self.sh()?.reduce_in_place(dt, op, buf, root, self.timeout)
+        } else {
+            let mut work = buf.to_vec();
+            self.sh()?
+                .reduce_in_place(dt, op, &mut work, root, self.timeout)
+        }
     }
     /// Sends `buf` to `peer`.
     ///

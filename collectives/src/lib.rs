@@ -32,7 +32,8 @@
 //!   QPNs, first PSNs and the address and rkey of the receive slots they hold for it.
 //! - **Options** ([`CommOptions`], also from `ROCECTL_COLL_*` variables): the timeout
 //!   (default 60 s), the algorithm ([`Algorithm`]: `Auto` picks recursive doubling up to 64
-//!   KiB, the pipelined ring above; `HalvingDoubling` is Rabenseifner), the chunk (512 KiB),
+//!   KiB, the pipelined ring above; `HalvingDoubling` is Rabenseifner; `Direct` one round of
+//!   whole vectors; [`Communicator::allreduce_algorithm`] tells which runs), the chunk (512 KiB),
 //!   slots (8) and QPs per peer (1), the deterministic mode, busy polling, and which device
 //!   ([`DeviceChoice`]: by default the local address that routes to the store; each rank its
 //!   own `127.0.0.(rank+1)` when the store is on loopback, as a `udp` device holds its port

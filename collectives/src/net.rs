@@ -44,7 +44,8 @@ use crate::status::Status;
 
 const KIND_DATA: u32 = 0;
 const KIND_CTS: u32 = 1;
-/// wr_id of data WRITEs (signalled: counted until complete).
+/// wr_id flag of the WRITEs `drain` waits for (data WRITEs carry it too: their errors
+/// complete).
 const WR_DATA: u64 = 1 << 63;
 
 /// The ACK timeout exponent of every QP: 4.096 µs · 2^14 ≈ 67 ms per try, 8 tries: a QP with
@@ -53,6 +54,9 @@ const WR_DATA: u64 = 1 << 63;
 pub(crate) const QP_TIMEOUT: u8 = 14;
 /// Transport retries before a QP errs.
 pub(crate) const QP_RETRY: u8 = 7;
+
+/// Bit 23 of a data immediate: the last chunk of a message.
+const LAST: u32 = 1 << 23;
 
 fn imm(kind: u32, slot: usize, len: usize) -> u32 {
     (kind << 30) | ((slot as u32 & 0x3f) << 24) | (len as u32 & 0x3f_ffff)
@@ -188,7 +192,8 @@ struct Peer {
     tx_seq: u64,
     tx_limit: u64,
     rx_seq: u64,
-    rx_len: Vec<Option<usize>>,
+    /// Per slot: the length of the chunk in it and whether it ends its message.
+    rx_len: Vec<Option<(usize, bool)>>,
     /// Slots consumed but not yet granted back (credits are returned in batches).
     cts_pending: usize,
 }
@@ -372,8 +377,10 @@ impl Net {
         Ok(())
     }
 
-    /// Waits (at most `timeout`) until every data WRITE posted has completed, so that
-    /// closing does not cut off a peer's last chunk.
+    /// Waits (at most `timeout`) until every WRITE posted has been acknowledged, so that
+    /// closing does not cut off a peer's last chunk. Only the last chunk of each send on
+    /// each QP is signalled (RC completes in order: its completion covers the chunks before
+    /// it on that QP).
     pub(crate) fn drain(&mut self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         while self.outstanding > 0 && Instant::now() < deadline {
@@ -415,7 +422,8 @@ impl Net {
                     let (kind, slot, len) = unimm(wc.imm_data.unwrap_or(u32::MAX));
                     match kind {
                         KIND_DATA if slot < self.cfg.slots && len <= self.cfg.chunk => {
-                            if peer.rx_len[slot].replace(len).is_some() {
+                            let last = wc.imm_data.unwrap_or(0) & LAST != 0;
+                            if peer.rx_len[slot].replace((len, last)).is_some() {
                                 let why = format!("protocol: slot {slot} written twice");
                                 err.get_or_insert((p, why));
                             }
@@ -589,17 +597,21 @@ impl Net {
                     if !ready || peer.tx_seq >= peer.tx_limit {
                         break;
                     }
+                    // Signalled: the last chunk on each QP (one per QP of the last `nqp`).
+                    let last = (s.src.len - off - clen).div_ceil(chunk) < nqp;
                     let seq = peer.tx_seq;
                     let slot = (seq % slots as u64) as usize;
                     let qp = &peer.qps[(seq % nqp as u64) as usize];
                     let wr = SendWr {
                         data: SendData::Inline(bufs[s.src.buf][a..b].to_vec()),
+                        signaled: last,
                         ..SendWr::new(
                             WR_DATA | seq,
                             SendOp::RdmaWriteWithImm {
                                 remote_addr: peer.remote_addr + (slot * chunk) as u64,
                                 rkey: peer.remote_rkey,
-                                imm: imm(KIND_DATA, slot, clen),
+                                imm: imm(KIND_DATA, slot, clen)
+                                    | if off + clen == s.src.len { LAST } else { 0 },
                             },
                             Vec::new(),
                         )
@@ -609,7 +621,9 @@ impl Net {
                             rank,
                             what: format!("posting a WRITE to rank {p} in {}: {e:?}", phase()),
                         })?;
-                    self.outstanding += 1;
+                    if last {
+                        self.outstanding += 1;
+                    }
                     peer.tx_seq += 1;
                     sent[i] += clen;
                     progressed = true;
@@ -627,12 +641,17 @@ impl Net {
                     // INVARIANT: checked above: every receive's peer is connected.
                     let peer = self.peers[p].as_mut().expect("INVARIANT: connected peer");
                     let slot = (peer.rx_seq % slots as u64) as usize;
-                    let Some(len) = peer.rx_len[slot] else { break };
+                    let Some((len, ends)) = peer.rx_len[slot] else {
+                        break;
+                    };
                     let off = got[j];
                     let clen = chunk.min(r.dst.len - off);
-                    if len != clen {
+                    if len != clen || ends != (off + clen == r.dst.len) {
                         let why = format!(
-                            "protocol: chunk of {len} bytes where {clen} were expected (mismatched collective arguments?)"
+                            "protocol: a chunk of {len} bytes{} where {clen} bytes{} were expected \
+                             (mismatched collective arguments?)",
+                            if ends { " ending its message" } else { "" },
+                            if off + clen == r.dst.len { " ending the message" } else { "" }
                         );
                         self.status.set_failed(p, why.clone());
                         return Err(CollError::PeerFailed {

@@ -15,8 +15,10 @@ use crate::error::CollError;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Algorithm {
-    /// Chosen per call by message size and rank count: recursive doubling up to
-    /// [`CommOptions::small_bytes`], the pipelined ring above.
+    /// Chosen per call by message size: recursive doubling up to
+    /// [`CommOptions::small_bytes`], the pipelined ring above. (With
+    /// [`CommOptions::deterministic`]: [`Self::Direct`] while (n−1)·S stays within half of
+    /// `small_bytes`, else a direct reduce-scatter then a ring allgather.)
     #[default]
     Auto,
     /// Pipelined ring: reduce-scatter then allgather, 2(n−1)/n·S bytes per rank; every chunk
@@ -28,6 +30,10 @@ pub enum Algorithm {
     /// Recursive doubling of the whole vector: log2(n) exchanges, the latency-optimal one;
     /// the same fold for rank counts that are not powers of two.
     RecursiveDoubling,
+    /// One round: every rank sends its whole vector to every other and folds the n vectors
+    /// in rank order (latency-optimal for small vectors on few ranks; (n−1)·S bytes per
+    /// rank).
+    Direct,
 }
 
 impl Algorithm {
@@ -38,6 +44,7 @@ impl Algorithm {
             Self::Ring => "ring",
             Self::HalvingDoubling => "hd",
             Self::RecursiveDoubling => "rd",
+            Self::Direct => "direct",
         }
     }
 }
@@ -59,8 +66,9 @@ impl FromStr for Algorithm {
                 Ok(Self::HalvingDoubling)
             }
             "rd" | "recursive-doubling" | "recursive_doubling" => Ok(Self::RecursiveDoubling),
+            "direct" => Ok(Self::Direct),
             other => Err(CollError::InvalidArgument(format!(
-                "unknown algorithm {other:?} (auto, ring, hd, rd)"
+                "unknown algorithm {other:?} (auto, ring, hd, rd, direct)"
             ))),
         }
     }
@@ -182,7 +190,7 @@ impl CommOptions {
     /// | variable | meaning |
     /// |---|---|
     /// | `ROCECTL_COLL_TIMEOUT` | timeout in seconds (fractions allowed) |
-    /// | `ROCECTL_COLL_ALGO` | `auto`, `ring`, `hd`, `rd` |
+    /// | `ROCECTL_COLL_ALGO` | `auto`, `ring`, `hd`, `rd`, `direct` |
     /// | `ROCECTL_COLL_CHUNK` | chunk bytes (`k`/`m` suffixes) |
     /// | `ROCECTL_COLL_SLOTS` | slots per peer |
     /// | `ROCECTL_COLL_QPS` | QPs per peer |

@@ -33,6 +33,8 @@ const ABORT: u8 = 10;
 const BYE: u8 = 11;
 const FAILED: u8 = 12;
 const CLOSING: u8 = 13;
+/// The most ranks an exchange accepts.
+const MAX_RANKS: u32 = 1 << 16;
 
 type Group = HashMap<u32, (Vec<u8>, TcpStream)>;
 
@@ -84,7 +86,11 @@ impl Service {
                     if s.stop.load(Ordering::Acquire) {
                         break;
                     }
-                    let Ok(conn) = conn else { continue };
+                    let Ok(conn) = conn else {
+                        // Out of descriptors or the like: do not spin on it.
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    };
                     let s = s.clone();
                     let _ = std::thread::Builder::new()
                         .name("coll-service-conn".into())
@@ -169,9 +175,12 @@ fn serve(s: &Shared, mut conn: TcpStream) {
                 return;
             };
             let blob = blob.to_vec();
+            if rank >= size || size > MAX_RANKS {
+                return;
+            }
             let mut ex = lock(&s.exchanges);
             let entry = ex.entry(tag).or_insert_with(|| (size, Group::new()));
-            if entry.0 != size || rank >= size {
+            if entry.0 != size {
                 let mut e = Enc::default();
                 e.u8(0).bytes(
                     format!(

@@ -198,3 +198,24 @@ fn init_with_a_rank_missing_fails_on_every_present_rank_naming_it() {
     }
     assert!(t.elapsed() < Duration::from_secs(3));
 }
+
+#[test]
+fn mismatched_lengths_are_an_error_not_a_misaligned_stream() {
+    let mut o = common::opts(common::block());
+    o.chunk_bytes = 4096;
+    o.timeout = Duration::from_secs(5);
+    let out = common::run(2, o, |c| {
+        if c.rank() == 0 {
+            // Two chunks' worth; the receiver asks for one chunk.
+            c.send_raw(&[1u8; 8192], 1).map(|()| None)
+        } else {
+            let e = c.recv_raw(&mut [0u8; 4096], 0).unwrap_err();
+            Ok(Some(e))
+        }
+    });
+    let e = out[1].as_ref().unwrap().as_ref().unwrap().clone().unwrap();
+    assert!(
+        matches!(&e, CollError::PeerFailed { peer: 0, reason, .. } if reason.contains("protocol")),
+        "{e}"
+    );
+}

@@ -114,3 +114,48 @@ fn results_stay_exact_under_loss_and_reordering() {
         }
     }
 }
+
+#[test]
+fn every_nonblocking_variant_gives_the_blocking_result() {
+    let out = common::run(3, common::opts(common::block()), |c| {
+        let (r, n) = (c.rank(), c.size());
+        let rs: Vec<i32> = (0..n * 100).map(|i| i as i32 * (r as i32 + 1)).collect();
+        let h_rs = c
+            .ireduce_scatter_raw(
+                roce_collectives::DataType::I32,
+                ReduceOp::Sum,
+                bytemuck::cast_slice(&rs).to_vec(),
+            )
+            .unwrap();
+        let h_red = c
+            .ireduce_raw(
+                roce_collectives::DataType::I32,
+                ReduceOp::Max,
+                bytemuck::cast_slice(&[r as i32; 5]).to_vec(),
+                2,
+            )
+            .unwrap();
+        let right = (r + 1) % n;
+        let left = (r + n - 1) % n;
+        let h_send = c.isend_raw(vec![r as u8; 77], right).unwrap();
+        let h_recv = c.irecv_raw(77, left).unwrap();
+        let block: Vec<i32> = h_rs.wait_typed().unwrap();
+        let want: Vec<i32> = (0..100).map(|i| ((r * 100 + i) * 6) as i32).collect();
+        assert_eq!(block, want);
+        let red: Vec<i32> = h_red.wait_typed().unwrap();
+        if r == 2 {
+            assert_eq!(red, vec![2; 5]);
+        }
+        assert_eq!(h_send.wait().unwrap(), vec![r as u8; 77]);
+        assert_eq!(h_recv.wait().unwrap(), vec![left as u8; 77]);
+        // Misuse is refused at once, not through the handle.
+        assert!(c.isend_raw(vec![], r).is_err());
+        assert!(c.ibroadcast_raw(vec![], n).is_err());
+        assert!(c
+            .iallreduce_raw(roce_collectives::DataType::F32, ReduceOp::BXor, vec![])
+            .is_err());
+    });
+    for o in out {
+        o.unwrap();
+    }
+}

@@ -71,12 +71,23 @@ fn allreduce_every_algorithm_and_rank_count_matches_the_reference() {
         Algorithm::Ring,
         Algorithm::HalvingDoubling,
         Algorithm::RecursiveDoubling,
+        Algorithm::Direct,
         Algorithm::Auto,
     ] {
         for n in 1..=5 {
             let mut o = small_chunks(common::opts(common::block()));
             o.algorithm = algo;
-            let out = common::run(n, o, |c| check_allreduce(&c));
+            let out = common::run(n, o, move |c| {
+                let name = c.allreduce_algorithm(1 << 20);
+                let want = match algo {
+                    Algorithm::Auto | Algorithm::Ring => "ring",
+                    Algorithm::HalvingDoubling => "hd",
+                    Algorithm::RecursiveDoubling => "rd",
+                    _ => "direct",
+                };
+                assert_eq!(name, want);
+                check_allreduce(&c)
+            });
             let per_rank: Vec<_> = out.into_iter().map(|r| r.unwrap()).collect();
             all_equal(&per_rank);
             eprintln!("allreduce {algo} n={n}: ok");
@@ -181,6 +192,20 @@ fn reduce_scatter_allgather_broadcast_reduce_barrier_and_send_recv() {
                             }
                         } else {
                             assert!(out.iter().all(|x| *x == 0), "reduce wrote a non-root");
+                        }
+                        // In place: the root's buffer becomes the result, the others' stay.
+                        let mut inplace = mine.clone();
+                        c.reduce_in_place_raw(
+                            roce_collectives::DataType::I32,
+                            ReduceOp::Sum,
+                            bytemuck::cast_slice_mut(&mut inplace),
+                            root,
+                        )
+                        .unwrap();
+                        if r == root {
+                            assert_eq!(inplace, out, "in-place reduce n={n} root={root}");
+                        } else {
+                            assert_eq!(inplace, mine, "in-place reduce touched a non-root");
                         }
                     }
                     c.barrier().unwrap();

@@ -20,3 +20,11 @@ fn two_ranks_allreduce_f32() {
         }
     }
 }
+
+#[test]
+fn the_handles_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<roce_collectives::Communicator>();
+    send_sync::<roce_collectives::Handle>();
+    send_sync::<roce_collectives::AbortHandle>();
+}

@@ -248,3 +248,52 @@ fn serialised_exchange_connects_two_devices() {
     assert_eq!(&data[..15], b"hello, embedder");
     assert_eq!(&data[32..37], b"hello");
 }
+
+/// What `ConnectOptions` documents about RNR: with the default `rnr_retry` 7 a SEND to a QP
+/// with no receive posted is retried forever (RNR NAKs counted, no completion); with
+/// `rnr_retry` 2 it completes with `RnrRetryExcErr` after the retries.
+#[test]
+fn rnr_retry_seven_retries_forever_and_below_seven_gives_up() {
+    use roce_transport::SimNetwork;
+
+    for (rnr_retry, status) in [(7u8, None), (2, Some(WcStatus::RnrRetryExcErr))] {
+        let net = SimNetwork::perfect();
+        let a = Device::open(DeviceConfig::sim(&net, "10.0.0.1".parse().unwrap())).unwrap();
+        let b = Device::open(DeviceConfig::sim(&net, "10.0.0.2".parse().unwrap())).unwrap();
+        let (pd_a, pd_b) = (a.alloc_pd(), b.alloc_pd());
+        let (cq_a, cq_b) = (a.create_cq(4).unwrap(), b.create_cq(4).unwrap());
+        let qp_a = pd_a.create_qp(&QpInit::new(QpType::Rc, &cq_a)).unwrap();
+        let qp_b = pd_b.create_qp(&QpInit::new(QpType::Rc, &cq_b)).unwrap();
+        let psn = Psn::new(1);
+        let opts = ConnectOptions {
+            local_psn: psn,
+            rnr_retry,
+            // The responder asks for 0.01 ms between retries (IBTA code 1).
+            min_rnr_timer: 1,
+            ..ConnectOptions::default()
+        };
+        qp_a.connect(&qp_b.endpoint(psn), &opts).unwrap();
+        qp_b.connect(&qp_a.endpoint(psn), &opts).unwrap();
+        let src = pd_a.register(vec![7u8; 8], Access::LOCAL_WRITE).unwrap();
+        qp_a.post_send(SendWr::new(5, SendOp::Send, vec![src.sge(0, 8)]))
+            .unwrap();
+        let mut wc = [Completion::EMPTY; 1];
+        let n = cq_a.wait(&mut wc, Duration::from_millis(300));
+        let naks = qp_a.stats().rnr_naks_received;
+        match status {
+            None => {
+                assert_eq!(n, 0, "rnr_retry 7 completed: {:?}", wc[0]);
+                assert!(naks > 3, "only {naks} RNR NAKs in 300 ms");
+            }
+            Some(s) => {
+                assert_eq!(n, 1, "rnr_retry {rnr_retry}: no completion in 300 ms");
+                assert_eq!((wc[0].wr_id, wc[0].status), (5, s), "{:#}", wc[0].status);
+                assert_eq!(
+                    naks,
+                    u64::from(rnr_retry) + 1,
+                    "the first NAK and {rnr_retry} retries"
+                );
+            }
+        }
+    }
+}

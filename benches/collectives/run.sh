@@ -126,7 +126,7 @@ load() { log "# load $(cut -d' ' -f1-3 /proc/loadavg) ($(date +%T)) $*"; }
 
 # ---------------------------------------------------------------- the limit: N flows in a ring
 limit_tcp() { # link n
-  local link=$1 n=$2 i tmp; tmp=$(mktemp -d)
+  local link=$1 n=$2 i tmp; tmp=$(mktemp -d -p "$BUILD")
   for i in $(seq 0 $((n - 1))); do
     ip netns exec "$(ns_of "$link" $(((i + 1) % n)))" iperf3 -s -1 -p $((5300 + i)) -B "$(ip_of "$link" $(((i + 1) % n)))" >/dev/null 2>&1 &
   done
@@ -149,7 +149,7 @@ EOF
   rm -rf "$tmp"
 }
 limit_udp() { # link n mode(mmsg|gso)
-  local link=$1 n=$2 mode=$3 i tmp rmode; tmp=$(mktemp -d)
+  local link=$1 n=$2 mode=$3 i tmp rmode; tmp=$(mktemp -d -p "$BUILD")
   rmode=$([ "$mode" = gso ] && echo gro || echo mmsg)
   for i in $(seq 0 $((n - 1))); do
     ip netns exec "$(ns_of "$link" $(((i + 1) % n)))" "$BUILD/udpbw" recv "$(ip_of "$link" $(((i + 1) % n)))" $((9100 + i)) "$rmode" 4112 "$LIMIT_SECS" >"$tmp/r$i" &
@@ -198,7 +198,7 @@ peer_mpich() {
   fi
 }
 peer_gloo() {
-  local link=$1 n=$2 i store; store=$(mktemp -d)
+  local link=$1 n=$2 i store; store=$(mktemp -d -p "$BUILD")
   for i in $(seq 0 $((n - 1))); do
     timeout "$RUN_TIMEOUT" ip netns exec "$(ns_of "$link" $i)" "$BUILD/gloo_allreduce_perf" $i "$n" "$store" \
       "$(ip_of "$link" $i)" "$link" "$SIZES" "$GLOO_ALGOS" "$TARGET" &
@@ -217,12 +217,13 @@ peer_torch() {
 
 # rocectl coll-perf: one run per size (iterations for about $TARGET s at the speeds seen here),
 # -a 3 (max over ranks of the mean per call, as the harnesses), -c 1 (every value checked),
-# out-of-place columns; printed in the harnesses' line format.
+# out-of-place columns; printed in the harnesses' line format (algbw and busbw recomputed from the
+# time, with three decimals as the harnesses print them, not coll-perf's two).
 rocectl_iters() { # size -> iterations
   case $1 in 4096) echo 1000 ;; 65536) echo 300 ;; 1048576) echo 40 ;; 16777216) echo 4 ;; *) echo 3 ;; esac
 }
 peer_rocectl() { # link n [extra coll-perf flags]
-  local link=$1 n=$2 label=${ROCECTL_LABEL:-rocectl/coll-perf} size i tmp; shift 2; tmp=$(mktemp -d)
+  local link=$1 n=$2 label=${ROCECTL_LABEL:-rocectl/coll-perf} size i tmp; shift 2; tmp=$(mktemp -d -p "$BUILD")
   for size in ${SIZES//,/ }; do
     local port=$((31500 + RANDOM % 1000)) master; master=$(ip_of "$link" 0)
     [ "$link" = lo ] && master=127.0.0.1
@@ -236,18 +237,23 @@ peer_rocectl() { # link n [extra coll-perf flags]
     wait
     cat "$tmp"/e* >&2
     awk -v l="$label" -v k="$link" -v n="$n" -v it="$(rocectl_iters "$size")" \
-      '!/^#/ && NF >= 13 { printf "%-28s %-6s %3d %10d %10d  %-5s %-4s %4s %10.1f %7.3f %7.3f %6d %6d\n", l, k, n, $1, $2, $3, $4, $5, $6, $7, $8, $9, it }' "$tmp/o0"
+      '!/^#/ && NF >= 13 { alg = $1 / ($6 * 1000); printf "%-28s %-6s %3d %10d %10d  %-5s %-4s %4s %10.1f %7.3f %7.3f %6d %6d\n", l, k, n, $1, $2, $3, $4, $5, $6, alg, alg * 2 * (n - 1) / n, $9, it }' "$tmp/o0"
   done
   rm -rf "$tmp"
 }
-peer_rocectl_busypoll() { ROCECTL_LABEL=rocectl/coll-perf+busypoll peer_rocectl "$1" "$2" --busy-poll; }
+BUSYPOLL_OVERSUB=${BUSYPOLL_OVERSUB:-0}  # spinning ranks beyond the cores starve each other (13 ms per 4 KiB
+                                        # at np=4 here): skipped there unless this is 1
+peer_rocectl_busypoll() {
+  if [ "$2" -gt "$(nproc)" ] && [ "$BUSYPOLL_OVERSUB" != 1 ]; then echo "# rocectl busy-poll np=$2 > $(nproc) cpus: skipped (BUSYPOLL_OVERSUB=1 runs it)"; return; fi
+  ROCECTL_LABEL=rocectl/coll-perf+busypoll peer_rocectl "$1" "$2" --busy-poll
+}
 
 # ---------------------------------------------------------------- failure behaviour (veth only)
 # faults: what a peer does when a rank dies (kill -9), when a rank is cut off (nft drops all its
 # packets), and how throughput degrades with random loss (nft drops LOSS_PCT % of what rank 1 gets).
 fault_line() { printf '%-28s %-6s %3s  %s\n' "$1" veth "$2" "$3" | tee -a "$OUT"; }
 fault_torch() { # n kill|partition
-  local n=$1 how=$2 i port=$((30500 + RANDOM % 1000)) ff tmp t0; ff=$(mktemp); tmp=$(mktemp -d); echo nan >"$ff"
+  local n=$1 how=$2 i port=$((30500 + RANDOM % 1000)) ff tmp t0; ff=$(mktemp -p "$BUILD"); tmp=$(mktemp -d -p "$BUILD"); echo nan >"$ff"
   for i in $(seq 0 $((n - 1))); do
     ip netns exec $P-r$i env GLOO_SOCKET_IFNAME=cv$i timeout 120 $PY "$SRC/torch_fault_probe.py" $i "$n" 198.18.0.1 $port \
       1048576 60 "$FAULT_PG_TIMEOUT" "$ff" >"$tmp/o$i" 2>"$tmp/e$i" &
@@ -272,7 +278,7 @@ NFT
   rm -rf "$tmp" "$ff"
 }
 fault_openmpi_kill() { # n
-  local n=$1 tmp t0 t1 rc; tmp=$(mktemp -d)
+  local n=$1 tmp t0 t1 rc; tmp=$(mktemp -d -p "$BUILD")
   run_openmpi veth "$n" "$BUILD/mpi_allreduce_perf.openmpi" openmpi-4.1.4/tcp veth 1048576 60 1000000 >"$tmp/o" 2>"$tmp/e" &
   local mp=$!
   sleep "$FAULT_WARMUP"

@@ -428,3 +428,70 @@ fn drill_partition_of_a_rank_fails_every_rank_within_the_timeout() {
     // the monitor), the isolated rank sees everyone gone. Timeout 4 s, plus slack.
     drill("partition:3@2", "-T 4", 4.0 + 2.5, None);
 }
+
+#[test]
+fn coll_perf_finds_its_rank_from_open_mpi_and_slurm_variables_too() {
+    if !netns_or_skip("coll bootstrap variables") {
+        return;
+    }
+    // The launcher sets torchrun's variables; each rank re-exports its rank as Open MPI's or
+    // Slurm's and drops torchrun's (MASTER_ADDR/MASTER_PORT stay: the store's address).
+    for (rank_var, size_var) in [
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("SLURM_PROCID", "SLURM_NTASKS"),
+    ] {
+        let script = format!(
+            "export {rank_var}=$RANK {size_var}=$WORLD_SIZE; unset RANK WORLD_SIZE LOCAL_RANK \
+             LOCAL_WORLD_SIZE; exec {ROCECTL} coll-perf -b 8 -e 4K -f 8 -n 2 -T 20"
+        );
+        let r = run_bounded(
+            &[
+                "coll",
+                "launch",
+                "-n",
+                "3",
+                "--link",
+                "veth",
+                "--timeout",
+                "60",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+            Duration::from_secs(90),
+        );
+        assert_eq!(r.code, Some(0), "{rank_var}: {}", context(&r));
+        assert_eq!(rows(&r.stdout).len(), 4, "{rank_var}: {}", context(&r));
+        assert_eq!(
+            r.stdout.matches("#  Rank ").count(),
+            3,
+            "{rank_var}: {}",
+            context(&r)
+        );
+    }
+}
+
+#[test]
+fn launch_refuses_to_run_without_root_in_one_line() {
+    if !roce_testkit::require_root("coll launch without root", "drops root with setpriv") {
+        return;
+    }
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            ROCECTL,
+        ])
+        .args(["coll", "launch", "-n", "2", "--", "true"])
+        .output()
+        .expect("setpriv (util-linux)");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "rocectl: error: coll launch needs root: it creates network namespaces (run it with sudo)\n"
+    );
+}

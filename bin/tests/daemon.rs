@@ -799,9 +799,9 @@ fn eight_processes_share_one_address_and_a_killed_one_disturbs_nobody() {
         ],
     );
     let mut specs: Vec<PairSpec> = (0..2)
-        .map(|i| PairSpec::new("write-bw -n 15000 -s 65536 --chk", 18_702 + i))
+        .map(|i| PairSpec::new("write-bw -n 30000 -s 65536 --chk", 18_702 + i))
         .collect();
-    specs.extend((0..2).map(|i| PairSpec::new("rc-pingpong -n 15000 --chk", 18_704 + i)));
+    specs.extend((0..2).map(|i| PairSpec::new("rc-pingpong -n 30000 --chk", 18_704 + i)));
     let mut pairs = start_pairs(&side, &side, "127.0.0.1", &specs);
     // No two clients listed at the same time share a QPN range.
     for _ in 0..3 {
@@ -889,7 +889,7 @@ fn a_restarted_daemon_keeps_established_clients_running() {
         );
         return;
     }
-    const ITERS: u64 = 25_000;
+    const ITERS: u64 = 40_000;
     let ns = TempNetns::create("dmn-rst").unwrap();
     let pin = bpf.0 .0.join("group");
     let mut d = Daemon::start(
@@ -901,7 +901,7 @@ fn a_restarted_daemon_keeps_established_clients_running() {
     let specs = [
         PairSpec::new(&stream, 18_720),
         PairSpec::new(&stream, 18_721),
-        PairSpec::new("rc-pingpong -n 40000 --chk", 18_722),
+        PairSpec::new("rc-pingpong -n 60000 --chk", 18_722),
     ];
     let side = Side {
         ns: &ns,
@@ -1370,9 +1370,7 @@ for name, host, reuseaddr, reuseport in cfg["binds"]:
     except OSError as e:
         out["bind"][name] = err(e)
     s.close()
-c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-c.connect(cfg["socket"])
-def recv_exact(n):
+def recv_exact(c, n):
     b = b""
     while len(b) < n:
         chunk = c.recv(n - len(b))
@@ -1380,12 +1378,22 @@ def recv_exact(n):
             raise EOFError("daemon closed")
         b += chunk
     return b
-for req in cfg["requests"]:
-    body = req.encode()
-    c.sendall(struct.pack(">I", len(body)) + body)
-    (n,) = struct.unpack(">I", recv_exact(4))
-    out["control"].append(json.loads(recv_exact(n)))
-c.close()
+for session in cfg["sessions"]:
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect(cfg["socket"])
+    for req, with_fd in session:
+        body = req.encode()
+        frame = struct.pack(">I", len(body)) + body
+        if with_fd:
+            # A socket of our own, passed as if it were the slot's member.
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            socket.send_fds(c, [frame], [u.fileno()])
+            u.close()
+        else:
+            c.sendall(frame)
+        (n,) = struct.unpack(">I", recv_exact(c, 4))
+        out["control"].append(json.loads(recv_exact(c, n)))
+    c.close()
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = IP_PMTUDISC_DO: DF, so IP ID 0
 s.bind((cfg["src"], cfg["sport"]))
@@ -1478,7 +1486,9 @@ fn ring_paths(pid: u32) -> Vec<String> {
 ///   with `SO_REUSEADDR` and `SO_REUSEPORT`) to receive in its place: EADDRINUSE (the daemon
 ///   holds the port alone and is another user);
 /// - **control**: asking the daemon for a QPN range gives a fresh one, never a range another
-///   client holds, and a second request is refused (already has a range);
+///   client holds, and a second request is refused (already has a range); claiming the root
+///   server's range as its "resumed" owner (`Request::Resume`, with a socket of its own passed
+///   as the member, or none) is refused: only the member socket itself proves a range;
 /// - **views**: `res show qp` shows the attacker the QPNs of root's QPs but not their PSNs;
 /// - **forged packets**: RDMA WRITEs to the streaming root server's QP, with every rkey of
 ///   the first two key-table entries and guessed PSNs, are delivered to that server's ring
@@ -1505,7 +1515,7 @@ fn forwarding_keeps_each_users_traffic_and_memory_its_own() {
     let db = Daemon::start_at("fwd2-b", Some(b), &b.ipv4().to_string(), fwd);
     let specs = [
         // The attack target: a root server with a long stream.
-        PairSpec::new("write-bw -n 20000 -s 65536 --chk", 18_830).users(false, false),
+        PairSpec::new("write-bw -n 30000 -s 65536 --chk", 18_830).users(false, false),
         PairSpec::new("write-bw -n 3000 -s 65536 --chk", 18_831).users(true, true),
         PairSpec::new("write-bw -n 3000 -s 65536 --chk", 18_832).users(false, true),
         PairSpec::new("write-bw -n 3000 -s 65536 --chk", 18_833).users(true, false),
@@ -1579,17 +1589,26 @@ fn forwarding_keeps_each_users_traffic_and_memory_its_own() {
         .map(|k| forged_write(src, sport, dst, no_owner, k, 0, 0))
         .collect();
     packets.extend(orphan);
-    let requests = [
-        serde_json::to_string(&Request::Hello(Hello::new(Role::Device))).unwrap(),
-        serde_json::to_string(&Request::AllocRange {
-            device: "attacker".into(),
-        })
-        .unwrap(),
-        serde_json::to_string(&Request::AllocRange {
-            device: "attacker".into(),
-        })
-        .unwrap(),
-    ];
+    let target_slot = da
+        .clients_with_pid(target)
+        .first()
+        .and_then(|r| r["slot"].as_u64())
+        .unwrap() as u32;
+    let req = |r: &Request| serde_json::to_string(r).unwrap();
+    let hello = req(&Request::Hello(Hello::new(Role::Device)));
+    let alloc = req(&Request::AllocRange {
+        device: "attacker".into(),
+    });
+    let resume = req(&Request::Resume {
+        device: "attacker".into(),
+        slot: target_slot,
+        objects: roce_transport::control::Objects::default(),
+    });
+    let sessions = serde_json::json!([
+        [[hello, false], [alloc, false], [alloc, false]],
+        [[hello, false], [resume, true]],
+        [[hello, false], [resume, false]],
+    ]);
     let orders = serde_json::json!({
         "paths": paths,
         "binds": [
@@ -1598,7 +1617,7 @@ fn forwarding_keeps_each_users_traffic_and_memory_its_own() {
             ["wildcard+reuseaddr+reuseport", "0.0.0.0", true, true],
         ],
         "socket": da.socket,
-        "requests": requests,
+        "sessions": sessions,
         "src": src.to_string(),
         "dst": dst.to_string(),
         "sport": sport,
@@ -1643,6 +1662,17 @@ fn forwarding_keeps_each_users_traffic_and_memory_its_own() {
         ctl[2].to_string().contains("already"),
         "a second range: {ctl:?}"
     );
+    // Claiming the root server's range as a resumed member of an earlier daemon run, with a
+    // socket of its own or none: refused, the claim is proved by the member socket only.
+    for k in [4, 6] {
+        assert_eq!(ctl[k - 1]["reply"], "welcome", "{ctl:?}");
+        let e = ctl[k].to_string();
+        assert!(
+            e.contains(&format!("does not hold QPN range slot {target_slot}")),
+            "resume of slot {target_slot}: {e}"
+        );
+    }
+    assert_eq!(ctl.len(), 7, "{ctl:?}");
     // Views: as uid 65534, root's QPs without their PSNs; root sees them.
     let mut view = a.cmd("setpriv");
     view.args([

@@ -13,7 +13,11 @@
 //! 3. **transmit**: each QP writes its packets (BTH .. ICRC, copied once from the MR) back to
 //!    back into the transmit arena, the engine fills the ICRC for the IP header the backend
 //!    will put on the wire (IPv4 Identification 0, DF), and the batch goes to the datapath in
-//!    one call (sendmmsg, GSO when contiguous runs allow);
+//!    one call (sendmmsg, GSO when contiguous runs allow). Just before, the datapath says
+//!    which IPv4 Identification each datagram will really carry
+//!    ([`Datapath::plan_ipv4_idents`]: segment `k` of a GSO message gets `k`) and the engine
+//!    rewrites those ICRCs in place ([`Ipv4IdentPatcher`]); the capture keeps the frames as
+//!    built (Identification 0 and its ICRC);
 //! 4. **completions**: drained from the QPs into their completion queues.
 //!
 //! The logic of each step (header synthesis, Identification recovery, ICRC, parsing,
@@ -109,8 +113,10 @@ impl Engine {
         // One packet: BTH + largest extension headers (28) + payload + pad + ICRC.
         let tx_room = max_payload + 64;
         let segments = caps.gro_segments.max(1);
-        // A GRO buffer holds up to 64 KiB; a plain one the largest IP packet.
-        let rx_data = if segments > 1 {
+        // A GRO buffer holds up to 64 KiB, and so may a packet seen with its IP header (a
+        // whole GSO message from a sender on this host; the `udp` backend's raw receive cuts
+        // it); a plain one the largest IP packet.
+        let rx_data = if segments > 1 || caps.sees_ip_header {
             65_536
         } else {
             caps.ip_mtu.clamp(1500, 65_536)

@@ -114,7 +114,7 @@ const SCENARIOS: &[Scenario] = &[
 /// A namespace, with a daemon in it for the daemon modes.
 struct Place {
     /// Dropped (killed) before the namespace goes.
-    _daemon: Option<Proc>,
+    daemon: Option<Proc>,
     socket: Option<PathBuf>,
     ns: TempNetns,
 }
@@ -130,7 +130,7 @@ impl Place {
         if mode == Mode::Exclusive {
             return Ok(Self {
                 ns,
-                _daemon: None,
+                daemon: None,
                 socket: None,
             });
         }
@@ -160,21 +160,56 @@ impl Place {
         }
         Ok(Self {
             ns,
-            _daemon: Some(daemon),
+            daemon: Some(daemon),
             socket: Some(socket),
         })
     }
 
-    /// `rocectl ARGS` in this place: through its daemon, or exclusive.
+    /// `rocectl ARGS` in this place: through its daemon, or exclusive; under `time` (its
+    /// CPU time on the last line of standard error) when there is one.
     fn tool(&self, rocectl: &Path, args: &[String]) -> Command {
         let mut cmd = self.ns.command("env");
         match &self.socket {
             Some(s) => cmd.arg(format!("ROCECTL_DAEMON_SOCKET={}", s.display())),
             None => cmd.arg("ROCECTL_EXCLUSIVE=1"),
         };
+        if Path::new(TIME).exists() {
+            cmd.args([TIME, "-f", "cpu %U %S"]);
+        }
         cmd.arg(rocectl).args(args);
         cmd
     }
+
+    /// The daemon's CPU time so far (user + system, seconds), if there is a daemon.
+    fn daemon_cpu(&self) -> Option<f64> {
+        let pid = self.daemon.as_ref()?.pid();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The fields after the command name (which may hold spaces) start with the state
+        // (field 3); utime and stime are fields 14 and 15, in USER_HZ (100) ticks.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+        Some(ticks / 100.0)
+    }
+}
+
+/// GNU time, for the CPU time of each tool.
+const TIME: &str = "/usr/bin/time";
+
+/// The CPU seconds `time -f "cpu %U %S"` printed last on `stderr`.
+fn cpu_of(stderr: &str) -> Option<f64> {
+    let line = stderr.lines().rev().find(|l| l.starts_with("cpu "))?;
+    let mut it = line.split_whitespace().skip(1);
+    Some(it.next()?.parse::<f64>().ok()? + it.next()?.parse::<f64>().ok()?)
+}
+
+/// One run's figures.
+struct RunResult {
+    /// Each client's bytes/s.
+    bw: Vec<f64>,
+    /// CPU seconds of every process of the run (tools and daemon), if measured.
+    cpu: Option<f64>,
+    commands: Vec<String>,
 }
 
 /// One run of a scenario: every client's bytes/s, and the commands.
@@ -185,7 +220,8 @@ fn run(
     cli: &Cli,
     port: &mut u16,
     dir: &Path,
-) -> Result<(Vec<f64>, Vec<String>)> {
+) -> Result<RunResult> {
+    let daemon_before = place.daemon_cpu();
     let common = |local: String, port: u16| {
         vec![
             "write-bw".to_owned(),
@@ -242,6 +278,7 @@ fn run(
     }
     let limit = Duration::from_secs(180);
     let mut bw = Vec::new();
+    let mut cpu = Some(0.0);
     for c in clients {
         let what = c.what().to_owned();
         let out = c.wait(limit);
@@ -255,6 +292,7 @@ fn run(
             .find(|l| l.starts_with("{\"tool\""))
             .with_context(|| format!("{what}: no --json line"))?;
         let v: Value = serde_json::from_str(line)?;
+        cpu = cpu.zip(cpu_of(&out.stderr)).map(|(a, b)| a + b);
         bw.push(
             v["bytes_per_s"]
                 .as_f64()
@@ -267,8 +305,12 @@ fn run(
         if !out.success() {
             bail!("{what}: {}: {}", out.status_text(), out.combined());
         }
+        cpu = cpu.zip(cpu_of(&out.stderr)).map(|(a, b)| a + b);
     }
-    Ok((bw, commands))
+    if let (Some(a), Some(b)) = (daemon_before, place.daemon_cpu()) {
+        cpu = cpu.map(|c| c + (b - a));
+    }
+    Ok(RunResult { bw, cpu, commands })
 }
 
 /// The median and range of a set of runs.
@@ -332,22 +374,36 @@ fn main() -> Result<()> {
     // Per scenario: the aggregate of each run, and each run's per-pair figures.
     let mut agg: Vec<Vec<f64>> = SCENARIOS.iter().map(|_| Vec::new()).collect();
     let mut per_pair: Vec<Vec<Vec<f64>>> = SCENARIOS.iter().map(|_| Vec::new()).collect();
+    // Per scenario: CPU seconds per GB moved, each run.
+    let mut cpu_gb: Vec<Vec<f64>> = SCENARIOS.iter().map(|_| Vec::new()).collect();
     let mut commands: Vec<Vec<String>> = SCENARIOS.iter().map(|_| Vec::new()).collect();
     let mut errors = Vec::new();
     let mut port = 18_900;
     for rep in 0..cli.reps {
         for (i, sc) in SCENARIOS.iter().enumerate() {
             match run(sc, place(sc.mode), &rocectl, &cli, &mut port, &dir) {
-                Ok((bw, cmds)) => {
+                Ok(RunResult {
+                    bw,
+                    cpu,
+                    commands: cmds,
+                }) => {
                     let total: f64 = bw.iter().sum();
+                    let gb = (sc.pairs as u64 * cli.iters * cli.size) as f64 / 1e9;
+                    if let Some(c) = cpu {
+                        cpu_gb[i].push(c / gb);
+                    }
                     eprintln!(
-                        "{}/{rep}: {:.0} MB/s ({})",
+                        "{}/{rep}: {:.0} MB/s ({}), {}",
                         sc.id,
                         total / 1e6,
                         bw.iter()
                             .map(|b| format!("{:.0}", b / 1e6))
                             .collect::<Vec<_>>()
-                            .join(" + ")
+                            .join(" + "),
+                        cpu.map_or("CPU not measured".to_owned(), |c| format!(
+                            "{:.2} CPU s/GB",
+                            c / gb
+                        ))
                     );
                     agg[i].push(total);
                     per_pair[i].push(bw);
@@ -406,7 +462,9 @@ fn main() -> Result<()> {
          `cargo run -p roce-benches --release --bin bench-daemon` (see its docs). `rocectl \
          write-bw -s {} -n {}` pairs over loopback in fresh network namespaces; bandwidth is the \
          client's `bytes_per_s` (first post to last completion), summed over the pairs of a \
-         scenario that run at once. MB/s = 10^6 B/s. 2 CPUs shared with other work: read the \
+         scenario that run at once. MB/s = 10^6 B/s. CPU s per GB: user + system time of every \
+         process of the run (servers, clients and the daemon's share) per 10^9 bytes written; \
+         the tools busy-poll, so it counts their spinning too. 2 CPUs shared with other work: read the \
          load average before the figures.\n\n",
         git_describe(),
         t0.elapsed().as_secs_f64(),
@@ -415,7 +473,8 @@ fn main() -> Result<()> {
         cli.iters,
     ));
     md.push_str(
-        "| scenario | what | aggregate MB/s | per pair MB/s (median run) |\n|---|---|---|---|\n",
+        "| scenario | what | aggregate MB/s | per pair MB/s (median run) | CPU s per GB |\n\
+         |---|---|---|---|---|\n",
     );
     let mut rows = Vec::new();
     for (i, sc) in SCENARIOS.iter().enumerate() {
@@ -441,13 +500,26 @@ fn main() -> Result<()> {
                     .join(", ")
             })
             .unwrap_or_default();
-        md.push_str(&format!("| {} | {} | {cell} | {pairs} |\n", sc.id, sc.what));
+        let c = summary(&cpu_gb[i]);
+        let cpu_cell = c.as_ref().map_or("–".to_owned(), |v| {
+            format!(
+                "{:.2} ({:.2}–{:.2})",
+                v["median"].as_f64().unwrap_or_default(),
+                v["min"].as_f64().unwrap_or_default(),
+                v["max"].as_f64().unwrap_or_default()
+            )
+        });
+        md.push_str(&format!(
+            "| {} | {} | {cell} | {pairs} | {cpu_cell} |\n",
+            sc.id, sc.what
+        ));
         rows.push(json!({
             "id": sc.id,
             "what": sc.what,
             "pairs": sc.pairs,
             "aggregate_bytes_per_s": s,
             "per_pair_runs": per_pair[i],
+            "cpu_s_per_gb": c,
             "commands": commands[i],
         }));
     }

@@ -10,7 +10,9 @@
 //!   passive;
 //! - [`lat`]: latency, ping-pong: SEND/RECV, RDMA WRITE of the peer's buffer polled on its
 //!   last byte (the server writes first), READ by the client;
-//! - [`report`]: perftest's tables and the `--json` line for `benches/ours.cmds`.
+//! - [`report`]: perftest's tables and the `--json` line for `benches/ours.cmds`;
+//! - [`chk`]: `--chk` of `write-bw` and `send-bw`, a rocectl extension (perftest has no data
+//!   check): the server verifies its whole buffer at the end (what it proves: see there).
 //!
 //! Waiting is busy polling of the completion queue by default ([`CompletionQueue::poll`] runs
 //! the engine itself when it finds nothing); `-e` blocks in [`CompletionQueue::wait`].

@@ -594,8 +594,15 @@ pub struct Forwarder {
 impl Forwarder {
     /// A forwarder receiving on `dp` (the daemon's socket on `IP:4791`).
     pub fn new(dp: Box<dyn Datapath>, layout: SlotLayout) -> Self {
-        let gro = dp.caps().gro_segments.max(1);
-        let buf_len = (gro * 9_216).min(65_536);
+        let caps = dp.caps();
+        let gro = caps.gro_segments.max(1);
+        // A backend that shows the IP header may hand over a whole GSO message from a sender
+        // on this host as one packet (up to 64 KiB; see `DatapathCaps::sees_ip_header`).
+        let buf_len = if caps.sees_ip_header {
+            65_536
+        } else {
+            (gro * 9_216).min(65_536)
+        };
         Self {
             dp,
             layout,
@@ -649,7 +656,7 @@ impl Forwarder {
         for (buf, m) in self.bufs.chunks_exact(self.buf_len).zip(&self.meta).take(n) {
             let stride = m.stride.clamp(1, m.len.max(1));
             // A GRO buffer may hold datagrams of several QPs: route each on its own.
-            for seg in buf[..m.len].chunks(stride) {
+            for (k, seg) in buf[..m.len].chunks(stride).enumerate() {
                 count += 1;
                 let owner = seg
                     .get(5..8)
@@ -663,6 +670,12 @@ impl Forwarder {
                 let meta = RxMeta {
                     len: seg.len(),
                     stride: seg.len(),
+                    // A whole GSO message seen with its header: the kernel numbers its
+                    // segments' Identifications on from the header's.
+                    ipv4: m.ipv4.map(|v| Ipv4Info {
+                        ident: v.ident.wrapping_add(k as u16),
+                        ..v
+                    }),
                     ..*m
                 };
                 if ring.push(seg, &meta) {

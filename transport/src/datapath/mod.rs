@@ -160,6 +160,8 @@ pub struct DatapathCaps {
     /// datagram (`udp`: the bound port 4791).
     pub fixed_source_port: Option<u16>,
     /// The backend reports the IPv4 Identification of received packets (full ICRC check).
+    /// Its receive buffers should hold 64 KiB: a whole GSO message from a sender on the same
+    /// host can come in as one packet (the `udp` backend cuts it, see [`udp`]).
     pub sees_ip_header: bool,
 }
 

@@ -92,9 +92,12 @@
 //!   IPv6 UDP checksums pass our traffic. `tests/udp_ipv6_checksum.rs` checks both directions.
 //! - **Kernel demux** ([`UdpDatapath::bind_demux`], [`super::demux`]): the socket binds with
 //!   `SO_REUSEPORT` into a group of processes sharing `IP:4791` and joins the steering map at
-//!   its slot. Then GSO runs are also cut at every change of BTH DestQP (the receiver's
-//!   program sees only a GSO message's first datagram), and neither `UDP_GRO` nor raw receive
-//!   is used (GRO merges by ports only; a raw socket sees everybody's datagrams).
+//!   its slot. Neither `UDP_GRO` nor raw receive is used then (GRO merges by ports only; a
+//!   raw socket sees everybody's datagrams). A group's steering program sees only the first
+//!   datagram of a GSO message that reaches it whole (from a sender on the same host, over
+//!   loopback, a veth or a bridge), so every socket, demux or not, cuts its GSO runs at every
+//!   change of BTH DestQP: a message never carries two destination QPs (the engine sends one
+//!   QP's packets back to back, so this costs at most one message per QP change).
 //! - **No `IP_RECVERR`**: on an unconnected socket ICMP errors are then not reported at all
 //!   (with it, they would come back as errors of later sends and receives); an unreachable
 //!   peer shows up as RC retries running out, like on a NIC.
@@ -376,7 +379,7 @@ pub struct UdpDatapath {
     stats: UdpStats,
     /// The kernel's last `sk_drops` (a wrapping `u32`) folded into `stats.kernel_drops`.
     sk_drops: u32,
-    /// Kernel demux: our slot in the group (GSO runs then keep to one destination QPN).
+    /// Kernel demux: our slot in the group.
     demux_slot: Option<u32>,
     msgs: Msgs,
 }
@@ -678,7 +681,6 @@ impl UdpDatapath {
         let gso_max = self.gso_segments;
         let max_payload = self.max_message_payload();
         let max_segment = self.max_segment();
-        let split_by_qpn = self.demux_slot.is_some();
         let mut i = 0;
         let mut m = 0;
         while i < batch.len() && m < self.msgs.capacity() {
@@ -701,7 +703,7 @@ impl UdpDatapath {
                         || len > seg
                         || n.payload.as_ptr() != end
                         || total + len > max_payload
-                        || (split_by_qpn && dest_qpn(n.payload) != dest_qpn(d.payload))
+                        || dest_qpn(n.payload) != dest_qpn(d.payload)
                     {
                         break;
                     }
@@ -810,13 +812,7 @@ impl Datapath for UdpDatapath {
         DatapathCaps {
             ip_mtu: self.ip_mtu,
             max_gso_segments: self.gso_segments,
-            // Raw receive: a whole GSO message from a sender on this host may come in as one
-            // packet (see `split_gso_message`), so buffers must hold 64 KiB as for GRO.
-            gro_segments: if self.raw.is_some() {
-                GRO_MAX_SEGMENTS
-            } else {
-                self.gro_segments
-            },
+            gro_segments: self.gro_segments,
             fixed_source_port: Some(self.local.port()),
             sees_ip_header: self.raw.is_some(),
         }
@@ -1843,10 +1839,10 @@ mod tests {
         }
     }
 
-    /// Kernel demux: a GSO message never carries two destination QPNs (the receiver's
-    /// steering program sees only its first datagram); without demux, runs ignore the QPN.
+    /// A GSO message never carries two destination QPNs (a receiver in kernel demux mode on
+    /// the same host steers it by its first datagram), demux or not.
     #[test]
-    fn demux_cuts_gso_runs_at_every_destination_qpn_change() {
+    fn gso_runs_are_cut_at_every_destination_qpn_change() {
         let mut dp = UdpDatapath::bind("127.0.0.1:0".parse().unwrap(), UdpOptions::default())
             .expect("a socket on loopback");
         assert!(dp.gso_segments > 1, "UDP_SEGMENT (Linux 4.18+) on loopback");
@@ -1874,7 +1870,7 @@ mod tests {
         );
         dp.planned = true;
         let m = dp.prepare_tx(&batch);
-        assert_eq!((m, &dp.msgs.segments[..m]), (1, &[10][..]), "exclusive");
+        assert_eq!(&dp.msgs.segments[..m], &[3, 2, 1, 4], "exclusive");
         dp.demux_slot = Some(1);
         let m = dp.prepare_tx(&batch);
         assert_eq!(&dp.msgs.segments[..m], &[3, 2, 1, 4], "demux");

@@ -973,8 +973,10 @@ impl Drop for Communicator {
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
+        // The closing handshake: this rank's last packets reach every live peer before its
+        // QPs go (bounded by the communicator's timeout; a dead peer's QP errs in ~0.5 s).
         if let Some(net) = lock(&self.shared.net).as_mut() {
-            net.drain(Duration::from_secs(1));
+            net.close(self.shared.opts.timeout);
         }
         self.shared.monitor.leave();
         *lock(&self.shared.net) = None;

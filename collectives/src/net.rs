@@ -475,9 +475,9 @@ impl Net {
             let Some(peer) = self.peers.get_mut(p).and_then(Option::as_mut) else {
                 continue;
             };
-            if wc.wr_id & WR_FIN != 0
-                && !matches!(wc.opcode, WcOpcode::RecvRdmaWithImm | WcOpcode::Recv)
-            {
+            // Receives carry wr_id 0: only our FINs have the flag (an error completion's
+            // opcode is not to be trusted).
+            if wc.wr_id & WR_FIN != 0 {
                 // Our FIN completed: acknowledged, or the QP failed (the peer is gone
                 // either way as far as closing is concerned).
                 peer.fin_tx = peer.fin_tx.saturating_sub(1);

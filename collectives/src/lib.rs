@@ -86,7 +86,10 @@
 //!   dies, every rank sees its connection break. Measured in the tests: under 30 ms. A QP
 //!   whose peer stops answering errs after its retries (ACK timeout 4.096 µs · 2^14 ≈ 67 ms,
 //!   7 retries: about half a second), which also marks the peer failed. A host that
-//!   vanishes without closing its sockets is found that way, or by the operation timeout.
+//!   vanishes without closing its sockets (or whose packets are all dropped) is found that
+//!   way, or by the heartbeats every member sends rank 0's service over UDP (100 ms apart; 3 s
+//!   of silence is a failure, long enough that a rank starved of CPU is not taken for a dead
+//!   one: see the `service` module), or by the operation timeout.
 //!   After a failure every operation of the communicator fails: call
 //!   [`Communicator::shrink`] with [`Communicator::failed_ranks`] to go on without them.
 //! - A closed rank (its communicator dropped) says goodbye: not a failure. If rank 0 leaves

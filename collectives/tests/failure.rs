@@ -222,11 +222,13 @@ fn mismatched_lengths_are_an_error_not_a_misaligned_stream() {
 
 /// A rank whose host vanishes closes no socket: its QPs stop answering and its heartbeats
 /// stop, its TCP connections stay open. The others wait to receive from it (nothing of
-/// theirs goes to it, so no QP retries can tell): the heartbeats must, within a second,
+/// theirs goes to it, so no QP retries can tell): the heartbeats must, within 3.5 s (3 s of
+/// silence; see `service.rs` for why so long; a *killed* rank is found within 1 s by its
+/// closed monitor connection, `a_dead_rank_is_detected_within_a_second`),
 /// for a vanished rank 2 (rank 0's service announces it) and a vanished rank 0 (the
 /// members stop getting answers).
 #[test]
-fn a_vanished_rank_is_detected_within_a_second_by_heartbeats() {
+fn a_vanished_rank_is_detected_by_heartbeats() {
     for gone in [2usize, 0] {
         let (tx, rx) = mpsc::channel::<Instant>();
         let tx = std::sync::Mutex::new(tx);
@@ -250,7 +252,7 @@ fn a_vanished_rank_is_detected_within_a_second_by_heartbeats() {
                 "{e}"
             );
             assert!(
-                after < BOUND,
+                after < Duration::from_millis(3500),
                 "{e} came {after:?} after rank {gone} vanished"
             );
             eprintln!("{e} ({after:?} after the vanishing)");

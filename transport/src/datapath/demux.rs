@@ -52,10 +52,15 @@
 //!   receiver as one packet and the program sees only its first segment: every segment went
 //!   to the first one's owner. So in demux mode the `udp` backend cuts a GSO run at every
 //!   change of BTH DestQP.
-//! - **No `UDP_GRO`.** The kernel's GRO lookup picks a group socket by hash, without the
-//!   program, and merges datagrams by ports only; a merged buffer would go to the owner of its
-//!   first datagram. Every member of a group must leave GRO off (the `udp` backend does in
-//!   demux mode).
+//! - **No `UDP_GRO`, except on a loopback address.** The kernel's GRO lookup picks a group
+//!   socket by hash, without the program, and merges datagrams by ports only; a merged buffer
+//!   would go to the owner of its first datagram. Every member of a group on an address a
+//!   network device delivers to must leave GRO off (the `udp` backend does in demux mode). On
+//!   a loopback address (127.0.0.0/8, ::1) nothing merges: the loopback device has no GRO, and
+//!   a local sender's GSO run reaches the program whole and goes whole to the owner of its
+//!   first segment whether the receiver has `UDP_GRO` or not (the kernel would split it only
+//!   after choosing the socket). So members there keep `UDP_GRO` and receive a run (one
+//!   destination QPN, by the rule above) in one piece instead of as datagrams one by one.
 //! - **No raw receive.** A raw IP socket sees every datagram to the address, everybody's; in
 //!   demux mode the `udp` backend receives on its UDP socket only (so the IPv4 ICRC check
 //!   recovers the Identification, see [`super`]).

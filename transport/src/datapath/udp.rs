@@ -400,8 +400,9 @@ impl UdpDatapath {
     /// Opens a socket on `local` that shares it with other processes through kernel demux
     /// ([`super::demux`]): bound with `SO_REUSEPORT` into the address's reuseport group and
     /// put in `demux`'s slot, so that it receives exactly the datagrams whose destination QPN
-    /// is in the slot's range. `UDP_GRO` and raw receive are off whatever `opts` says, and
-    /// GSO runs keep to one destination QPN (see the module docs).
+    /// is in the slot's range. Raw receive is off whatever `opts` says, `UDP_GRO` too unless
+    /// `local` is a loopback address (see the demux module's rules), and GSO runs keep to one
+    /// destination QPN (see the module docs).
     ///
     /// # Errors
     /// As [`UdpDatapath::bind`]; [`UdpError::DemuxOtherUser`] when the address's sockets
@@ -414,7 +415,11 @@ impl UdpDatapath {
         demux: &Demux,
     ) -> Result<Self, UdpError> {
         let opts = UdpOptions {
-            gro: false,
+            // Nothing merges datagrams for a loopback address (the loopback device has no
+            // GRO), so there a GSO run, one destination QPN, reaches its owner whole: keeping
+            // UDP_GRO saves the kernel splitting it into datagrams, each woken for and
+            // received alone (a third of a stream's bandwidth, benches/README.md).
+            gro: opts.gro && local.ip().is_loopback(),
             raw_receive: false,
             ..opts
         };

@@ -22,6 +22,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
+use nix::sys::resource::{getrusage, UsageWho};
 use serde_json::{json, Value};
 
 use crate::blaster::{
@@ -433,8 +434,19 @@ fn link_vars(link: &Link) -> BTreeMap<&'static str, String> {
     ])
 }
 
-/// Runs one of our commands (`sh -c`), returning the numbers of the last JSON object line.
+/// CPU seconds (user + system) of this process's threads, or of its waited-for descendants.
+fn cpu_seconds(who: UsageWho) -> f64 {
+    getrusage(who).map_or(0.0, |u| {
+        let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 * 1e-6;
+        t(u.user_time()) + t(u.system_time())
+    })
+}
+
+/// Runs one of our commands (`sh -c`), returning the numbers of the last JSON object line,
+/// with `cpu_s_per_gb`: the user + system time of every process it ran (both tools) per 10^9
+/// bytes moved (`bytes` × `iters`), for bandwidth runs.
 fn run_ours(cmd: &str) -> Result<BTreeMap<String, f64>> {
+    let cpu0 = cpu_seconds(UsageWho::RUSAGE_CHILDREN);
     let out = Command::new("timeout")
         .args(["120", "sh", "-c", cmd])
         .stdin(Stdio::null())
@@ -453,10 +465,18 @@ fn run_ours(cmd: &str) -> Result<BTreeMap<String, f64>> {
         .rev()
         .find_map(|l| serde_json::from_str::<serde_json::Map<String, Value>>(l.trim()).ok())
         .context("no JSON object line on stdout")?;
-    Ok(obj
+    let cpu = cpu_seconds(UsageWho::RUSAGE_CHILDREN) - cpu0;
+    let mut nums: BTreeMap<String, f64> = obj
         .into_iter()
         .filter_map(|(k, v)| v.as_f64().map(|x| (k, x)))
-        .collect())
+        .collect();
+    if let (Some(b), Some(n)) = (nums.get("bytes"), nums.get("iters")) {
+        let gb = b * n / 1e9;
+        if gb > 0.0 && nums.contains_key("bytes_per_s") {
+            nums.insert("cpu_s_per_gb".into(), cpu / gb);
+        }
+    }
+    Ok(nums)
 }
 
 fn peer_numbers(r: &PeerResult) -> BTreeMap<String, f64> {
@@ -477,16 +497,23 @@ fn run_one(m: &Measurement, link: &Link) -> Result<(BTreeMap<String, f64>, Vec<S
     let nums = |pairs: &[(&str, f64)]| pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     match &m.job {
         Job::Stream(c) => {
+            // The blaster's sender and receiver are threads of this process: its CPU time
+            // over the run, per 10^9 bytes received (the warm-up moves bytes at the same rate).
+            let cpu0 = cpu_seconds(UsageWho::RUSAGE_SELF);
+            let t0 = Instant::now();
             let r = run_stream(link, c)?;
-            Ok((
-                nums(&[
-                    ("bytes_per_s", r.rx_bytes_per_s),
-                    ("ops_per_s", r.rx_datagrams_per_s),
-                    ("loss", r.loss),
-                    ("rx_per_call", r.rx_per_call),
-                ]),
-                vec![],
-            ))
+            let cpu = cpu_seconds(UsageWho::RUSAGE_SELF) - cpu0;
+            let gb = r.rx_bytes_per_s * t0.elapsed().as_secs_f64() / 1e9;
+            let mut out: BTreeMap<String, f64> = nums(&[
+                ("bytes_per_s", r.rx_bytes_per_s),
+                ("ops_per_s", r.rx_datagrams_per_s),
+                ("loss", r.loss),
+                ("rx_per_call", r.rx_per_call),
+            ]);
+            if gb > 0.0 {
+                out.insert("cpu_s_per_gb".into(), cpu / gb);
+            }
+            Ok((out, vec![]))
         }
         Job::PingPong(c) => {
             let r = run_pingpong(link, c)?;
@@ -744,7 +771,7 @@ fn render(ms: &[Measurement], figs: &[Figure], meta: &Value, opts: &Options) -> 
     let by_id: BTreeMap<&str, &Measurement> = ms.iter().map(|m| (m.id.as_str(), m)).collect();
     let get = |id: &str| by_id.get(id).copied();
     let mut table = format!(
-        "| figure | ours | limit | ours/limit | sendmmsg | ours/sendmmsg | {} | ours/peer | {} | ours/peer |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "| figure | ours | limit | ours/limit | sendmmsg | ours/sendmmsg | {} | ours/peer | {} | ours/peer | CPU s/GB ours / limit |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
         PEERS[0], PEERS[1]
     );
     let mut jfigs = Vec::new();
@@ -778,6 +805,22 @@ fn render(ms: &[Measurement], figs: &[Figure], meta: &Value, opts: &Options) -> 
                 fmt_ratio(ratio(ours, *p, f.metric), has_ours, p.is_some())
             );
         }
+        let cpu = |m: Option<&Measurement>| {
+            m.and_then(|m| m.summary("cpu_s_per_gb"))
+                .map(|s| format!("{:.2}", s.median))
+        };
+        let _ = write!(
+            table,
+            " {} |",
+            match (cpu(ours), cpu(limit)) {
+                (None, None) => "–".to_owned(),
+                (o, l) => format!(
+                    "{} / {}",
+                    o.as_deref().unwrap_or("–"),
+                    l.as_deref().unwrap_or("–")
+                ),
+            }
+        );
         table.push('\n');
         let jcell = |m: Option<&Measurement>, id: Option<&str>| {
             json!({
@@ -795,6 +838,7 @@ fn render(ms: &[Measurement], figs: &[Figure], meta: &Value, opts: &Options) -> 
             "params": f.params,
             "ours": ours.map_or(json!("pending"), |m| json!({"measurement": m.id, "value": m.summary(f.metric.key()), "p99_us": m.summary("p99_us"), "p999_us": m.summary("p999_us")})),
             "limit": jcell(limit, Some(&f.limit)),
+            "cpu_s_per_gb": {"ours": ours.and_then(|m| m.summary("cpu_s_per_gb")), "limit": limit.and_then(|m| m.summary("cpu_s_per_gb"))},
             "limit_sendmmsg": jcell(mmsg, f.mmsg.as_deref()),
             "peers": PEERS.iter().zip(&f.peers).zip(&peers).map(|((name, id), m)| json!({"peer": name, "cell": jcell(*m, id.as_deref())})).collect::<Vec<_>>(),
         }));

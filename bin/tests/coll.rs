@@ -495,3 +495,42 @@ fn launch_refuses_to_run_without_root_in_one_line() {
         "rocectl: error: coll launch needs root: it creates network namespaces (run it with sudo)\n"
     );
 }
+
+#[test]
+fn coll_perf_is_exact_under_loss_from_the_launcher() {
+    if !netns_or_skip("coll loss") {
+        return;
+    }
+    // The rule is there: 2.5 % = 250 in 10000 of what each rank sends on eth0.
+    let r = run_bounded(
+        &[
+            "coll", "launch", "-n", "2", "--link", "veth", "--loss", "2.5", "--", "nft", "list",
+            "ruleset",
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.code, Some(0), "{}", context(&r));
+    assert_eq!(
+        r.stdout
+            .matches("numgen random mod 10000 < 250 drop")
+            .count(),
+        2,
+        "{}",
+        context(&r)
+    );
+    // And RC retransmission makes every value right through it.
+    let r = launch_perf(
+        3,
+        &["--loss", "3"],
+        "all_reduce -b 4K -e 256K -f 8 -n 3 -c 1 -T 30",
+        Duration::from_secs(120),
+    );
+    assert_eq!(r.code, Some(0), "{}", context(&r));
+    let rows = rows(&r.stdout);
+    assert_eq!(rows.len(), 3, "{}", context(&r));
+    assert!(
+        rows.iter().all(|row| row[8] == "0" && row[12] == "0"),
+        "{}",
+        context(&r)
+    );
+}

@@ -563,6 +563,25 @@ impl Communicator {
         }
     }
 
+    /// Vanishes as a host that is cut off would: no more heartbeats, no goodbye, its QPs
+    /// gone (no more ACKs) but its TCP connections left open (the monitor's and, on rank 0,
+    /// the service's), so only the heartbeats can tell. For tests of failure detection;
+    /// leaks the monitor and service of this communicator.
+    #[doc(hidden)]
+    pub fn simulate_vanish(mut self) {
+        self.shared.monitor.vanish();
+        std::mem::forget(self.shared.monitor.clone());
+        if self.shared.rank == 0 {
+            self.service.pause_heartbeats();
+            std::mem::forget(self.service.clone());
+        }
+        *lock(&self.shared.net) = None;
+        self.jobs = None;
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+
     /// A new communicator of the ranks not in `exclude` (typically
     /// [`Self::failed_ranks`]), numbered in the old order; it meets at the lowest
     /// survivor's service and gets new QPs (the old communicator's streams may be cut
@@ -973,8 +992,10 @@ impl Drop for Communicator {
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
+        // The closing handshake: this rank's last packets reach every live peer before its
+        // QPs go (bounded by the communicator's timeout; a dead peer's QP errs in ~0.5 s).
         if let Some(net) = lock(&self.shared.net).as_mut() {
-            net.drain(Duration::from_secs(1));
+            net.close(self.shared.opts.timeout);
         }
         self.shared.monitor.leave();
         *lock(&self.shared.net) = None;

@@ -91,6 +91,14 @@
 //!   [`Communicator::shrink`] with [`Communicator::failed_ranks`] to go on without them.
 //! - A closed rank (its communicator dropped) says goodbye: not a failure. If rank 0 leaves
 //!   while others go on, they lose the monitor (no more dead-rank notices) but keep working.
+//! - **Closing** is a handshake: dropping a communicator (after its posted operations
+//!   finish) sends every peer a FIN behind the last data on each QP and keeps the QPs until
+//!   each is acknowledged, the peer has closed too, or the peer is known dead (its QP errs
+//!   in about half a second), bounded by the communicator's timeout (after a failure or an
+//!   abort there is no handshake: every rank's operations fail anyway). So a rank may drop its
+//!   communicator right after its last operation, even on a lossy link, without cutting a
+//!   peer off from its last packets; and a rank still waiting for data from a peer that has
+//!   closed fails at once ([`CollError::PeerFailed`], "closed its communicator").
 //! - No panics, no process aborts: bad arguments are [`CollError::InvalidArgument`] /
 //!   [`CollError::Unsupported`]; mismatched arguments across ranks (different lengths) are
 //!   detected as a protocol error on the chunk lengths where they show.

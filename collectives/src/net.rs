@@ -15,7 +15,26 @@
 //! immediate carries `{DATA, slot, length}`; its receive completion tells the receiver the
 //! slot is full.
 //!
-//! Immediate layout: bits 31–30 the kind (0 data, 1 CTS), 29–24 the slot, 21–0 the length.
+//! Immediate layout: bits 31–30 the kind (0 data, 1 CTS, 2 FIN), 29–24 the slot, 23 the
+//! last chunk of a message, 21–0 the length.
+//!
+//! ## Closing
+//!
+//! A rank that drops its communicator has finished every operation, but the RC transport
+//! may still be recovering its last packets (a lost chunk waits out an ACK timeout), and its
+//! peers may still be recovering theirs to it. Tearing the QPs down then would cut a peer off
+//! from the data it still waits for, or make the peer's retransmissions fail as if this rank
+//! had died. So closing is a handshake ([`Net::close`]): the rank posts a signalled FIN (a
+//! zero-length SEND WITH IMMEDIATE) on every QP after everything else, and keeps its QPs
+//! until each FIN is acknowledged — RC delivers in order, so that ACK means the peer has
+//! every chunk and credit this rank ever sent on that QP — or has failed (a dead peer's QP
+//! errs after its retries, about half a second), or has closed too (its own FINs came: it
+//! has finished and needs nothing more), bounded by the communicator's timeout. A
+//! peer that takes a FIN on every QP marks this rank closed: it has finished all its
+//! operations and needs nothing more, so errors on the QPs to it afterwards (its QPs are
+//! gone; the peer's own last retransmissions to it fail) are not failures, and an operation
+//! still waiting for data from it fails at once (mismatched operations) rather than at its
+//! timeout.
 //!
 //! ## Executor
 //!
@@ -44,9 +63,14 @@ use crate::status::Status;
 
 const KIND_DATA: u32 = 0;
 const KIND_CTS: u32 = 1;
-/// wr_id flag of the WRITEs `drain` waits for (data WRITEs carry it too: their errors
-/// complete).
+/// The closing notice: a zero-length SEND WITH IMMEDIATE on every QP, after the last data
+/// (see [`Net::close`]).
+const KIND_FIN: u32 = 2;
+/// wr_id flag of the data WRITEs (only the last of a send on each QP is signalled; errors
+/// complete whatever the flag).
 const WR_DATA: u64 = 1 << 63;
+/// wr_id flag of the closing notices; the low bits carry the peer.
+const WR_FIN: u64 = 1 << 62;
 
 /// The ACK timeout exponent of every QP: 4.096 µs · 2^14 ≈ 67 ms per try, 8 tries: a QP with
 /// traffic to a dead peer errs in about half a second (the default 14/7 of verbs is the
@@ -196,6 +220,17 @@ struct Peer {
     rx_len: Vec<Option<(usize, bool)>>,
     /// Slots consumed but not yet granted back (credits are returned in batches).
     cts_pending: usize,
+    /// FINs taken from this peer (one per QP: it has closed once all came).
+    fin_rx: usize,
+    /// Our FINs to this peer not completed yet.
+    fin_tx: usize,
+}
+
+impl Peer {
+    /// Whether the peer has closed: a FIN came on every QP, after all its data.
+    fn closed(&self) -> bool {
+        self.fin_rx >= self.qps.len()
+    }
 }
 
 /// Data-path settings.
@@ -215,7 +250,6 @@ pub(crate) struct Net {
     cq: CompletionQueue,
     peers: Vec<Option<Peer>>,
     qpn_peer: HashMap<u32, usize>,
-    outstanding: u64,
     scratch: Vec<u8>,
     wc: Vec<Completion>,
     status: Arc<Status>,
@@ -304,6 +338,8 @@ impl Net {
                 rx_seq: 0,
                 rx_len: vec![None; cfg.slots],
                 cts_pending: 0,
+                fin_rx: 0,
+                fin_tx: 0,
             }));
         }
         Ok(Self {
@@ -313,7 +349,6 @@ impl Net {
             cq,
             peers: out,
             qpn_peer,
-            outstanding: 0,
             scratch: vec![0; cfg.chunk],
             wc: vec![Completion::EMPTY; 64],
             status,
@@ -377,20 +412,57 @@ impl Net {
         Ok(())
     }
 
-    /// Waits (at most `timeout`) until every WRITE posted has been acknowledged, so that
-    /// closing does not cut off a peer's last chunk. Only the last chunk of each send on
-    /// each QP is signalled (RC completes in order: its completion covers the chunks before
-    /// it on that QP).
-    pub(crate) fn drain(&mut self, timeout: Duration) {
+    /// The closing handshake (see the module docs): unless the communicator has failed or
+    /// was aborted, posts a signalled FIN on every QP to every peer, then waits until each has completed
+    /// (acknowledged, or failed with its QP) or the peer has closed too (it finished its
+    /// operations: it needs nothing more from us), at most `timeout`, or until an abort.
+    /// Call once no operation runs any more.
+    pub(crate) fn close(&mut self, timeout: Duration) {
+        // After an abort or a failure the communicator's operations fail on every rank
+        // anyway (the monitor tells them); a FIN could only race that notice and make a
+        // peer fail naming this rank ("closed") instead of the rank really to blame.
+        if self.status.aborted_by().is_some() || !self.status.failed().is_empty() {
+            return;
+        }
         let deadline = Instant::now() + timeout;
-        while self.outstanding > 0 && Instant::now() < deadline {
-            let mut wc = std::mem::take(&mut self.wc);
-            let n = self.cq.wait(&mut wc, Duration::from_millis(10));
-            let _ = self.handle(&wc[..n]);
-            self.wc = wc;
-            if self.status.aborted_by().is_some() {
+        for (p, peer) in self.peers.iter_mut().enumerate() {
+            let Some(peer) = peer.as_mut() else { continue };
+            for qp in &peer.qps {
+                let fin = SendWr {
+                    data: SendData::Inline(Vec::new()),
+                    signaled: true,
+                    ..SendWr::new(
+                        WR_FIN | p as u64,
+                        SendOp::SendWithImm {
+                            imm: imm(KIND_FIN, 0, 0),
+                        },
+                        Vec::new(),
+                    )
+                };
+                if qp.post_send(fin).is_ok() {
+                    peer.fin_tx += 1;
+                }
+            }
+        }
+        loop {
+            let waiting = self
+                .peers
+                .iter()
+                .flatten()
+                .any(|peer| peer.fin_tx > 0 && !peer.closed());
+            if !waiting || self.status.aborted_by().is_some() {
                 return;
             }
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            let mut wc = std::mem::take(&mut self.wc);
+            let n = self
+                .cq
+                .wait(&mut wc, (deadline - now).min(Duration::from_millis(10)));
+            let _ = self.handle(&wc[..n]);
+            self.wc = wc;
         }
     }
 
@@ -400,9 +472,22 @@ impl Net {
             let Some(&p) = self.qpn_peer.get(&wc.qp_num.value()) else {
                 continue;
             };
+            let Some(peer) = self.peers.get_mut(p).and_then(Option::as_mut) else {
+                continue;
+            };
+            // Receives carry wr_id 0: only our FINs have the flag (an error completion's
+            // opcode is not to be trusted).
+            if wc.wr_id & WR_FIN != 0 {
+                // Our FIN completed: acknowledged, or the QP failed (the peer is gone
+                // either way as far as closing is concerned).
+                peer.fin_tx = peer.fin_tx.saturating_sub(1);
+                continue;
+            }
             if wc.status != WcStatus::Success {
-                if wc.wr_id & WR_DATA != 0 {
-                    self.outstanding = self.outstanding.saturating_sub(1);
+                if peer.closed() {
+                    // The peer closed after taking everything: its QPs are gone, so
+                    // whatever of ours it had not acknowledged yet fails. Not a failure.
+                    continue;
                 }
                 let why = format!(
                     "work completion {:?} ({:?}) on QP {}",
@@ -414,9 +499,6 @@ impl Net {
                 err.get_or_insert((p, why));
                 continue;
             }
-            let Some(peer) = self.peers.get_mut(p).and_then(Option::as_mut) else {
-                continue;
-            };
             match wc.opcode {
                 WcOpcode::RecvRdmaWithImm | WcOpcode::Recv => {
                     let (kind, slot, len) = unimm(wc.imm_data.unwrap_or(u32::MAX));
@@ -429,6 +511,7 @@ impl Net {
                             }
                         }
                         KIND_CTS => peer.tx_limit += len as u64,
+                        KIND_FIN => peer.fin_rx += 1,
                         _ => {
                             err.get_or_insert((
                                 p,
@@ -445,11 +528,7 @@ impl Net {
                         }
                     }
                 }
-                _ => {
-                    if wc.wr_id & WR_DATA != 0 {
-                        self.outstanding = self.outstanding.saturating_sub(1);
-                    }
-                }
+                _ => {}
             }
         }
         match err {
@@ -621,9 +700,6 @@ impl Net {
                             rank,
                             what: format!("posting a WRITE to rank {p} in {}: {e:?}", phase()),
                         })?;
-                    if last {
-                        self.outstanding += 1;
-                    }
                     peer.tx_seq += 1;
                     sent[i] += clen;
                     progressed = true;
@@ -738,6 +814,24 @@ impl Net {
                         peer,
                         phase: phase(),
                         after: timeout,
+                    });
+                }
+                // A peer that has closed sends nothing more: waiting for it is waiting for
+                // nothing (the ranks ran different operations).
+                if let Some(p) = (0..npeers).find(|&p| {
+                    self.peers[p].as_ref().is_some_and(|peer| {
+                        let starved = !rq[p].is_empty()
+                            && peer.rx_len[(peer.rx_seq % slots as u64) as usize].is_none();
+                        peer.closed() && (starved || !sq[p].is_empty())
+                    })
+                }) {
+                    return Err(CollError::PeerFailed {
+                        rank,
+                        peer: p,
+                        phase: phase(),
+                        reason: "it closed its communicator while this rank still had data to \
+                                 exchange with it (different operations on the two ranks?)"
+                            .into(),
                     });
                 }
                 // About to wait: every credit held back goes now, so that no peer waits

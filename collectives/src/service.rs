@@ -13,11 +13,31 @@
 //!   other member `failed(rank)` at once; an `abort(by)` from one member is relayed to all.
 //!   This is how a killed rank and an abort reach every rank well within a second: a UDP
 //!   datapath has no connection reset of its own.
+//! - **heartbeats** (UDP, on the service's port when free): a process that is still there
+//!   but unreachable (its host vanished, or its packets are all dropped) closes no socket.
+//!   So every member pings rank 0's service every [`HB_INTERVAL`] (100 ms) over UDP and the
+//!   service answers each ping; a member the service has not heard from for [`HB_SILENCE`]
+//!   (700 ms) is announced failed to the others (`silent(rank)`) and its monitor connection
+//!   closed, and a member that has had no answer for as long marks rank 0 failed. The first
+//!   port number of the heartbeat socket is the first frame on a monitor connection.
+//!
+//!   Why UDP and these numbers: a heartbeat must not be held up by the retransmission of an
+//!   earlier one. On TCP two losses of one segment in a row (1 % of the pings at 10 % loss,
+//!   which the loss drills apply to every packet) already stall the stream 600 ms (RTO 200
+//!   ms, then 400); over UDP 700 ms of silence at 100 ms pings takes 7 losses in a row
+//!   (a round is lost with 1 − 0.9² = 0.19 at 10 % loss, seven in a row ≈ 10⁻⁵ per 100 ms:
+//!   a false failure in about 3 h per member at 10 % loss, none at 1 %). Under CPU load a
+//!   sleeping thread is woken within milliseconds by the scheduler (wakeup preemption), but
+//!   a whole process can be descheduled for longer (load 10+ on 2 cores here): the watcher
+//!   that finds a silence restarts every count instead when its own loop overslept
+//!   ([`HB_OVERSLEEP`]), so a stall of the watcher never reads as the silence of others. A
+//!   silence declared within 700–750 ms plus the notice on TCP keeps the issue's bound ("a
+//!   killed rank is detected by the others within 1 s") for a host that vanishes too.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
-use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -33,6 +53,17 @@ const ABORT: u8 = 10;
 const BYE: u8 = 11;
 const FAILED: u8 = 12;
 const CLOSING: u8 = 13;
+const SILENT: u8 = 14;
+const HB_PORT: u8 = 15;
+/// How often a member pings rank 0's service (see the module docs).
+pub(crate) const HB_INTERVAL: Duration = Duration::from_millis(100);
+/// The silence after which a member (for the service) or rank 0 (for a member) has failed.
+pub(crate) const HB_SILENCE: Duration = Duration::from_millis(700);
+/// A watcher loop that took longer than this was descheduled: it restarts its counts.
+const HB_OVERSLEEP: Duration = Duration::from_millis(300);
+/// How long a heartbeat socket's receive waits (the watchers' tick).
+const HB_TICK: Duration = Duration::from_millis(50);
+const PING: u8 = 1;
 /// The most ranks an exchange accepts.
 const MAX_RANKS: u32 = 1 << 16;
 
@@ -50,6 +81,12 @@ struct Shared {
     exchanges: Mutex<HashMap<u64, (u32, Group)>>,
     monitors: Mutex<HashMap<u64, MonGroup>>,
     stop: AtomicBool,
+    /// When each monitor member `(comm, rank)` was last heard (pinged, or joined).
+    heard: Mutex<HashMap<(u64, u32), Instant>>,
+    /// The heartbeat socket's port (0: none).
+    hb_port: u16,
+    /// Tests: the service stops answering pings (its host "vanished").
+    hb_paused: AtomicBool,
 }
 
 /// A rank's listening service (see the module docs). Stops when dropped.
@@ -57,6 +94,7 @@ pub(crate) struct Service {
     addr: SocketAddr,
     shared: Arc<Shared>,
     accept: Option<JoinHandle<()>>,
+    heartbeat: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Service {
@@ -77,7 +115,18 @@ impl Service {
         if addr.ip().is_unspecified() {
             addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
         }
-        let shared = Arc::new(Shared::default());
+        // The heartbeat socket: the service's own port number when it is free for UDP.
+        let hb = UdpSocket::bind(SocketAddr::new(addr.ip(), addr.port()))
+            .or_else(|_| UdpSocket::bind(SocketAddr::new(addr.ip(), 0)))?;
+        hb.set_read_timeout(Some(HB_TICK))?;
+        let shared = Arc::new(Shared {
+            hb_port: hb.local_addr()?.port(),
+            ..Shared::default()
+        });
+        let s = shared.clone();
+        let heartbeat = std::thread::Builder::new()
+            .name("coll-heartbeat".into())
+            .spawn(move || heartbeat_watch(&s, &hb))?;
         let s = shared.clone();
         let accept = std::thread::Builder::new()
             .name("coll-service".into())
@@ -101,6 +150,7 @@ impl Service {
             addr,
             shared,
             accept: Some(accept),
+            heartbeat: Some(heartbeat),
         })
     }
 
@@ -117,6 +167,12 @@ impl Service {
 }
 
 impl Service {
+    /// Stops answering heartbeats but keeps every connection open, as a host that vanished
+    /// (tests of failure detection).
+    pub(crate) fn pause_heartbeats(&self) {
+        self.shared.hb_paused.store(true, Ordering::Release);
+    }
+
     /// Stops as a killed process would: the members' connections close without the
     /// closing notice (tests of failure detection).
     pub(crate) fn crash(&self) {
@@ -154,6 +210,9 @@ impl Drop for Service {
         // Wake the accept loop.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
         if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.heartbeat.take() {
             let _ = t.join();
         }
     }
@@ -229,6 +288,11 @@ fn serve(s: &Shared, mut conn: TcpStream) {
                 let mut mons = lock(&s.monitors);
                 let g = mons.entry(comm).or_default();
                 let mut w = writer;
+                let _ = w.set_write_timeout(Some(Duration::from_millis(200)));
+                let mut e = Enc::default();
+                e.u8(HB_PORT).u32(u32::from(s.hb_port));
+                let _ = write_frame(&mut w, &e.0);
+                lock(&s.heard).insert((comm, rank), Instant::now());
                 for m in &g.history {
                     let _ = write_frame(&mut w, m);
                 }
@@ -255,13 +319,70 @@ fn monitor_member(s: &Shared, comm: u64, rank: u32, mut conn: TcpStream) {
     if s.stop.load(Ordering::Acquire) {
         return;
     }
-    if let Some(g) = lock(&s.monitors).get_mut(&comm) {
-        g.members.remove(&rank);
-    }
-    if !clean {
+    lock(&s.heard).remove(&(comm, rank));
+    let was_member = lock(&s.monitors)
+        .get_mut(&comm)
+        .and_then(|g| g.members.remove(&rank))
+        .is_some();
+    // Not a member any more: the heartbeat watcher declared it silent already.
+    if !clean && was_member {
         let mut e = Enc::default();
         e.u8(FAILED).u32(rank);
         broadcast(s, comm, &e.0, Some(rank));
+    }
+}
+
+/// The service's heartbeat thread: answers members' pings and declares a member silent for
+/// [`HB_SILENCE`] failed (see the module docs).
+fn heartbeat_watch(s: &Shared, sock: &UdpSocket) {
+    let mut buf = [0u8; 64];
+    let mut last_tick = Instant::now();
+    while !s.stop.load(Ordering::Acquire) {
+        if let Ok((n, from)) = sock.recv_from(&mut buf) {
+            let mut d = Dec(&buf[..n]);
+            if let (Ok(PING), Ok(comm), Ok(rank)) = (d.u8(), d.u64(), d.u32()) {
+                if !s.hb_paused.load(Ordering::Acquire) {
+                    if let Some(t) = lock(&s.heard).get_mut(&(comm, rank)) {
+                        *t = Instant::now();
+                    }
+                    let _ = sock.send_to(&buf[..n], from);
+                }
+            }
+        }
+        let now = Instant::now();
+        let overslept = now.duration_since(last_tick) > HB_OVERSLEEP;
+        last_tick = now;
+        let silent: Vec<(u64, u32)> = {
+            let mut heard = lock(&s.heard);
+            if overslept {
+                // This thread was descheduled: what looks like silence may be its own.
+                heard.values_mut().for_each(|t| *t = now);
+                continue;
+            }
+            if s.hb_paused.load(Ordering::Acquire) {
+                continue;
+            }
+            let silent: Vec<_> = heard
+                .iter()
+                .filter(|(_, t)| now.duration_since(**t) > HB_SILENCE)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in &silent {
+                heard.remove(k);
+            }
+            silent
+        };
+        for (comm, rank) in silent {
+            let gone = lock(&s.monitors)
+                .get_mut(&comm)
+                .and_then(|g| g.members.remove(&rank));
+            if let Some(c) = gone {
+                let _ = c.shutdown(Shutdown::Both);
+                let mut e = Enc::default();
+                e.u8(SILENT).u32(rank);
+                broadcast(s, comm, &e.0, Some(rank));
+            }
+        }
     }
 }
 
@@ -401,6 +522,9 @@ pub(crate) struct MonitorClient {
     writer: Mutex<TcpStream>,
     stopping: Arc<AtomicBool>,
     reader: Mutex<Option<JoinHandle<()>>>,
+    heartbeat: Mutex<Option<JoinHandle<()>>>,
+    /// Tests: no more pings, no goodbye, the connection stays open (a vanished host).
+    vanished: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for MonitorClient {
@@ -430,11 +554,46 @@ impl MonitorClient {
         write_frame(&mut c, &e.0).map_err(fail)?;
         let mut r = c.try_clone().map_err(fail)?;
         let stopping = Arc::new(AtomicBool::new(false));
+        let vanished = Arc::new(AtomicBool::new(false));
+        let hb_port = Arc::new(AtomicU32::new(0));
+        let sock = UdpSocket::bind(SocketAddr::new(c.local_addr().map_err(fail)?.ip(), 0))
+            .map_err(fail)?;
+        sock.set_read_timeout(Some(HB_TICK)).map_err(fail)?;
+        let heartbeat = {
+            let (stop, vanished, port, status) = (
+                stopping.clone(),
+                vanished.clone(),
+                hb_port.clone(),
+                status.clone(),
+            );
+            let ping = {
+                let mut e = Enc::default();
+                e.u8(PING).u64(comm).u32(rank as u32);
+                e.0
+            };
+            std::thread::Builder::new()
+                .name("coll-heartbeat".into())
+                .spawn(move || {
+                    member_heartbeat(
+                        &sock,
+                        addr.ip(),
+                        &ping,
+                        root,
+                        &port,
+                        &stop,
+                        &vanished,
+                        &status,
+                    );
+                })
+                .map_err(fail)?
+        };
         let stop = stopping.clone();
         let reader = std::thread::Builder::new()
             .name("coll-monitor".into())
             .spawn(move || loop {
                 let Ok(msg) = read_frame(&mut r) else {
+                    // No monitor any more: no heartbeats either.
+                    hb_port.store(u32::MAX, Ordering::Release);
                     if !stop.load(Ordering::Acquire) {
                         status.set_failed(
                             root,
@@ -452,7 +611,17 @@ impl MonitorClient {
                         who as usize,
                         "its monitor connection closed without a goodbye (its process died?)",
                     ),
-                    (Ok(CLOSING), _) => return,
+                    (Ok(SILENT), Ok(who)) => status.set_failed(
+                        who as usize,
+                        "no heartbeat from it for 700 ms (its host is gone or its packets are \
+                         dropped?)",
+                    ),
+                    (Ok(HB_PORT), Ok(p)) => hb_port.store(p, Ordering::Release),
+                    (Ok(CLOSING), _) => {
+                        // Rank 0 left: the others go on without a monitor (crate docs).
+                        hb_port.store(u32::MAX, Ordering::Release);
+                        return;
+                    }
                     _ => {}
                 }
             })
@@ -461,6 +630,8 @@ impl MonitorClient {
             writer: Mutex::new(c),
             stopping,
             reader: Mutex::new(Some(reader)),
+            heartbeat: Mutex::new(Some(heartbeat)),
+            vanished,
         })
     }
 
@@ -480,14 +651,29 @@ impl MonitorClient {
         if let Some(t) = lock(&self.reader).take() {
             let _ = t.join();
         }
+        if let Some(t) = lock(&self.heartbeat).take() {
+            let _ = t.join();
+        }
     }
 
-    /// Says goodbye and closes (idempotent).
+    /// Goes silent as a host that vanished: no more pings, no goodbye on leaving, and the
+    /// connection stays open while this client lives (tests of failure detection).
+    pub(crate) fn vanish(&self) {
+        self.vanished.store(true, Ordering::Release);
+    }
+
+    /// Says goodbye and closes (idempotent; nothing after [`Self::vanish`]).
     pub(crate) fn leave(&self) {
+        if self.vanished.load(Ordering::Acquire) {
+            return;
+        }
         let Some(t) = lock(&self.reader).take() else {
             return;
         };
         self.stopping.store(true, Ordering::Release);
+        if let Some(h) = lock(&self.heartbeat).take() {
+            let _ = h.join();
+        }
         {
             let mut w = lock(&self.writer);
             let _ = w.set_write_timeout(Some(Duration::from_millis(200)));
@@ -496,6 +682,62 @@ impl MonitorClient {
             let _ = w.shutdown(Shutdown::Both);
         }
         let _ = t.join();
+    }
+}
+
+/// A member's heartbeat thread: pings rank 0's service every [`HB_INTERVAL`] and marks rank
+/// `root` failed after [`HB_SILENCE`] without an answer (see the module docs).
+#[allow(clippy::too_many_arguments)]
+fn member_heartbeat(
+    sock: &UdpSocket,
+    ip: IpAddr,
+    ping: &[u8],
+    root: usize,
+    port: &AtomicU32,
+    stop: &AtomicBool,
+    vanished: &AtomicBool,
+    status: &Status,
+) {
+    let mut buf = [0u8; 64];
+    let mut last_ping: Option<Instant> = None;
+    let mut answered = Instant::now();
+    let mut last_tick = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        let now = Instant::now();
+        if vanished.load(Ordering::Acquire) {
+            std::thread::sleep(HB_TICK);
+            continue;
+        }
+        if now.duration_since(last_tick) > HB_OVERSLEEP {
+            // Descheduled: what looks like silence may be this thread's own.
+            answered = now;
+        }
+        last_tick = now;
+        let p = port.load(Ordering::Acquire);
+        let Ok(p) = u16::try_from(p) else { return };
+        if p == 0 {
+            // The port comes as the monitor's first frame.
+            answered = now;
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        }
+        if last_ping.is_none_or(|t| now.duration_since(t) >= HB_INTERVAL) {
+            let _ = sock.send_to(ping, SocketAddr::new(ip, p));
+            last_ping = Some(now);
+        }
+        if let Ok(n) = sock.recv(&mut buf) {
+            if buf[..n] == *ping {
+                answered = Instant::now();
+            }
+        }
+        if answered.elapsed() > HB_SILENCE && !stop.load(Ordering::Acquire) {
+            status.set_failed(
+                root,
+                "no answer to its heartbeats for 700 ms (its host is gone or its packets are \
+                 dropped?)",
+            );
+            return;
+        }
     }
 }
 

@@ -219,3 +219,56 @@ fn mismatched_lengths_are_an_error_not_a_misaligned_stream() {
         "{e}"
     );
 }
+
+/// A rank whose host vanishes closes no socket: its QPs stop answering and its heartbeats
+/// stop, its TCP connections stay open. The others wait to receive from it (nothing of
+/// theirs goes to it, so no QP retries can tell): the heartbeats must, within a second,
+/// for a vanished rank 2 (rank 0's service announces it) and a vanished rank 0 (the
+/// members stop getting answers).
+#[test]
+fn a_vanished_rank_is_detected_within_a_second_by_heartbeats() {
+    for gone in [2usize, 0] {
+        let (tx, rx) = mpsc::channel::<Instant>();
+        let tx = std::sync::Mutex::new(tx);
+        let out = common::run(3, common::opts(common::block()), move |c| {
+            if c.rank() == gone {
+                std::thread::sleep(Duration::from_millis(300));
+                let _ = tx.lock().unwrap().send(Instant::now());
+                c.simulate_vanish();
+                return None;
+            }
+            let e = c.recv_raw(&mut [0u8; 64], gone).unwrap_err();
+            Some((e, Instant::now()))
+        });
+        let at = rx.recv().unwrap();
+        let errs: Vec<_> = out.into_iter().filter_map(|r| r.unwrap()).collect();
+        assert_eq!(errs.len(), 2);
+        for (e, t) in errs {
+            let after = t.saturating_duration_since(at);
+            assert!(
+                matches!(&e, CollError::PeerFailed { peer, reason, .. } if *peer == gone && reason.contains("heartbeat")),
+                "{e}"
+            );
+            assert!(
+                after < BOUND,
+                "{e} came {after:?} after rank {gone} vanished"
+            );
+            eprintln!("{e} ({after:?} after the vanishing)");
+        }
+    }
+}
+
+/// Heartbeats do not fail an idle communicator: two seconds of nothing (several silence
+/// windows), then an allreduce works on every rank.
+#[test]
+fn an_idle_communicator_stays_healthy() {
+    let out = common::run(3, common::opts(common::block()), |c| {
+        std::thread::sleep(Duration::from_secs(2));
+        let mut buf = vec![1u32; 1000];
+        c.allreduce_in_place(&mut buf, ReduceOp::Sum)
+            .map(|()| buf.iter().all(|v| *v == 3))
+    });
+    for (rank, r) in out.into_iter().enumerate() {
+        assert!(r.unwrap().unwrap(), "rank {rank}");
+    }
+}

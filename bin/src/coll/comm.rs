@@ -192,9 +192,7 @@ impl Comm for roce_collectives::Communicator {
         buf: &mut [u8],
         root: usize,
     ) -> Result<(), CollError> {
-        // The library has no in-place reduce: the input is copied first (its cost is timed).
-        let send = buf.to_vec();
-        self.reduce_raw(dt, op, &send, buf, root)
+        self.reduce_in_place_raw(dt, op, buf, root)
     }
     fn send(&self, buf: &[u8], peer: usize) -> Result<(), CollError> {
         self.send_raw(buf, peer)

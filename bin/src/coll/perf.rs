@@ -17,8 +17,7 @@
 //!   does for options its NCCL lacks; `-t`/`-g` other than 1 and `-D` are refused.
 //! - Where the library's API differs from NCCL's: an out-of-place broadcast copies the send
 //!   buffer into the receive buffer at the root, then broadcasts in place (the copy is
-//!   timed); an in-place reduce copies the input first (the library has no in-place reduce);
-//!   sendrecv orders its blocking send and receive by rank parity. A reduce's result is
+//!   timed); sendrecv orders its blocking send and receive by rank parity. A reduce's result is
 //!   checked on the root only (nccl-tests also checks that the others' buffers are untouched).
 //! - SIGUSR1 aborts the communicator (every rank's pending and later operations fail): what
 //!   `rocectl coll launch --drill abort:R@S` sends.

@@ -52,15 +52,17 @@
 //!   receiver as one packet and the program sees only its first segment: every segment went
 //!   to the first one's owner. So in demux mode the `udp` backend cuts a GSO run at every
 //!   change of BTH DestQP.
-//! - **No `UDP_GRO`, except on a loopback address.** The kernel's GRO lookup picks a group
-//!   socket by hash, without the program, and merges datagrams by ports only; a merged buffer
-//!   would go to the owner of its first datagram. Every member of a group on an address a
-//!   network device delivers to must leave GRO off (the `udp` backend does in demux mode). On
-//!   a loopback address (127.0.0.0/8, ::1) nothing merges: the loopback device has no GRO, and
-//!   a local sender's GSO run reaches the program whole and goes whole to the owner of its
-//!   first segment whether the receiver has `UDP_GRO` or not (the kernel would split it only
-//!   after choosing the socket). So members there keep `UDP_GRO` and receive a run (one
-//!   destination QPN, by the rule above) in one piece instead of as datagrams one by one.
+//! - **No `UDP_GRO`, except on loopback.** NAPI GRO (a NIC's, or a veth's when GRO or XDP is
+//!   on) looks the socket up without the program (`udp4_gro_lookup_skb` passes no skb, so the
+//!   group picks a member by hash), merges the datagrams of one UDP flow by ports if *that*
+//!   member has `UDP_GRO`, and the merged buffer then goes to the owner of its first datagram:
+//!   one UD QP of a peer sending to two members' QPs is one flow. So members leave GRO off.
+//!   A loopback address is the exception the `udp` backend makes: loopback delivers through
+//!   `netif_rx`, where no NAPI GRO runs, so the only multi-datagram packets there are a local
+//!   sender's GSO messages, which never mix destination QPs (the rule above), and a member on
+//!   loopback keeps `UDP_GRO` (without it the kernel cuts each message and wakes the receiver
+//!   once per datagram: `benches/results/daemon.md` measured the demux pair at 0.65× the
+//!   exclusive one for that reason).
 //! - **No raw receive.** A raw IP socket sees every datagram to the address, everybody's; in
 //!   demux mode the `udp` backend receives on its UDP socket only (so the IPv4 ICRC check
 //!   recovers the Identification, see [`super`]).

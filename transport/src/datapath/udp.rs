@@ -92,8 +92,10 @@
 //!   IPv6 UDP checksums pass our traffic. `tests/udp_ipv6_checksum.rs` checks both directions.
 //! - **Kernel demux** ([`UdpDatapath::bind_demux`], [`super::demux`]): the socket binds with
 //!   `SO_REUSEPORT` into a group of processes sharing `IP:4791` and joins the steering map at
-//!   its slot. Neither `UDP_GRO` nor raw receive is used then (GRO merges by ports only; a
-//!   raw socket sees everybody's datagrams). A group's steering program sees only the first
+//!   its slot. Raw receive is not used then (a raw socket sees everybody's datagrams), nor
+//!   `UDP_GRO` except on a loopback address (see [`super::demux`]: GRO merges by ports only,
+//!   but on loopback no NAPI GRO runs, so a multi-datagram packet there is one sender's GSO
+//!   message, cut at DestQP changes as said next). A group's steering program sees only the first
 //!   datagram of a GSO message that reaches it whole (from a sender on the same host, over
 //!   loopback, a veth or a bridge), so every socket, demux or not, cuts its GSO runs at every
 //!   change of BTH DestQP: a message never carries two destination QPs (the engine sends one
@@ -400,9 +402,8 @@ impl UdpDatapath {
     /// Opens a socket on `local` that shares it with other processes through kernel demux
     /// ([`super::demux`]): bound with `SO_REUSEPORT` into the address's reuseport group and
     /// put in `demux`'s slot, so that it receives exactly the datagrams whose destination QPN
-    /// is in the slot's range. Raw receive is off whatever `opts` says, `UDP_GRO` too unless
-    /// `local` is a loopback address (see the demux module's rules), and GSO runs keep to one
-    /// destination QPN (see the module docs).
+    /// is in the slot's range. Raw receive is off whatever `opts` says, `UDP_GRO` too except on
+    /// a loopback address, and GSO runs keep to one destination QPN (see the module docs).
     ///
     /// # Errors
     /// As [`UdpDatapath::bind`]; [`UdpError::DemuxOtherUser`] when the address's sockets
@@ -414,11 +415,8 @@ impl UdpDatapath {
         opts: UdpOptions,
         demux: &Demux,
     ) -> Result<Self, UdpError> {
+        // GRO only on a loopback address, where no NAPI GRO runs (see the module docs).
         let opts = UdpOptions {
-            // Nothing merges datagrams for a loopback address (the loopback device has no
-            // GRO), so there a GSO run, one destination QPN, reaches its owner whole: keeping
-            // UDP_GRO saves the kernel splitting it into datagrams, each woken for and
-            // received alone (a third of a stream's bandwidth, benches/README.md).
             gro: opts.gro && local.ip().is_loopback(),
             raw_receive: false,
             ..opts

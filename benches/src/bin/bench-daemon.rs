@@ -5,8 +5,9 @@
 //! - `excl-1`: one pair, each side an exclusive device (`ROCECTL_EXCLUSIVE=1`) on its own
 //!   address (127.0.0.1, 127.0.0.2): the reference;
 //! - `demux-1`: one pair through a kernel-demux daemon, both sides on 127.0.0.1: the pure
-//!   cost of the kernel demultiplexer (`SO_REUSEPORT` + the BPF program, no GRO, GSO runs cut
-//!   per destination QPN); issue 14's goal is ≤ 5% below `excl-1`;
+//!   cost of the kernel demultiplexer (`SO_REUSEPORT` + the BPF program, GSO runs cut per
+//!   destination QPN; on a loopback address members keep `UDP_GRO`, elsewhere they cannot, see
+//!   `benches/README.md`); issue 14's goal is ≤ 5% below `excl-1`;
 //! - `fwd-1`: one pair through a forwarding daemon (the daemon copies each datagram into its
 //!   owner's ring);
 //! - `excl-4`: four pairs at once, exclusive, on eight addresses (127.0.0.1–8): the fair

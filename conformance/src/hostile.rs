@@ -46,6 +46,16 @@ pub fn seal(body: &[u8], src: SocketAddrV4, dst: SocketAddrV4) -> Vec<u8> {
 /// The ICRC of `body` (BTH .. pad) sent from `src` to `dst` (IPv4 Identification 0, DF), or
 /// `None` if `body` is shorter than a BTH.
 pub fn icrc_for(body: &[u8], src: SocketAddrV4, dst: SocketAddrV4) -> Option<[u8; ICRC_LEN]> {
+    icrc_for_ident(body, src, dst, 0)
+}
+
+/// As [`icrc_for`], for an IPv4 header with Identification `ident`.
+pub fn icrc_for_ident(
+    body: &[u8],
+    src: SocketAddrV4,
+    dst: SocketAddrV4,
+    ident: u16,
+) -> Option<[u8; ICRC_LEN]> {
     if body.len() < bth::HEADER_LEN {
         return None;
     }
@@ -55,7 +65,7 @@ pub fn icrc_for(body: &[u8], src: SocketAddrV4, dst: SocketAddrV4) -> Option<[u8
             src: *src.ip(),
             dst: *dst.ip(),
             tos: 0,
-            ident: 0,
+            ident,
             dont_fragment: true,
             ttl: 64,
         }),
@@ -215,8 +225,11 @@ pub struct Answer {
 }
 
 impl Answer {
-    /// Parses a UDP payload the victim at `src` sent to `dst`, checking its ICRC for the IPv4
-    /// header the victim's `udp` datapath sends with (Identification 0, DF).
+    /// Parses a UDP payload the victim at `src` sent to `dst`, checking its ICRC for an IPv4
+    /// header the victim's `udp` datapath sends with: DF, and Identification 0, or `k` for
+    /// the `k`-th segment of a GSO message (at most 64 segments; the kernel numbers them so,
+    /// see `transport/src/datapath/udp.rs`). A plain UDP socket does not see the
+    /// Identification, so every candidate is tried.
     ///
     /// # Errors
     /// A description of what is wrong: bad ICRC, or a packet `roce_wire` rejects.
@@ -225,7 +238,7 @@ impl Answer {
             return Err(format!("{}-byte datagram", datagram.len()));
         }
         let (body, icrc) = datagram.split_at(datagram.len() - ICRC_LEN);
-        if icrc_for(body, src, dst).as_slice() != [icrc] {
+        if !(0..64u16).any(|id| icrc_for_ident(body, src, dst, id).as_slice() == [icrc]) {
             return Err(format!("bad ICRC on {} bytes from {src}", datagram.len()));
         }
         let p = PacketRepr::parse(datagram).map_err(|e| format!("unparsable answer: {e}"))?;

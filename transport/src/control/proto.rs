@@ -489,9 +489,21 @@ mod tests {
         let text = serde_json::to_string(&hello).unwrap();
         assert_eq!(
             text,
-            r#"{"op":"hello","major":1,"minor":0,"role":"device","program":""}"#
+            r#"{"op":"hello","major":1,"minor":1,"role":"device","program":""}"#
         );
         assert_eq!(serde_json::from_str::<Request>(&text).unwrap(), hello);
+        // 1.1: a member of an earlier daemon run takes its range back.
+        let resume = Request::Resume {
+            device: "rocectl0".into(),
+            slot: 3,
+            objects: Objects::default(),
+        };
+        let text = serde_json::to_string(&resume).unwrap();
+        assert!(
+            text.starts_with(r#"{"op":"resume","device":"rocectl0","slot":3,"objects":{"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<Request>(&text).unwrap(), resume);
         let err = Reply::Error(ControlError::LimitExceeded {
             resource: Resource::Qps,
             scope: Scope::Uid,

@@ -1,6 +1,6 @@
 //! What coll-perf needs of a communicator ([`Comm`]): the collectives out of place and in
 //! place, over raw bytes, and a barrier. The `roce-collectives` communicator implements it;
-//! the unit tests run the benchmark on [`tests::ThreadComm`], N threads exchanging through
+//! the unit tests run the benchmark on `tests::ThreadComm`, N threads exchanging through
 //! shared memory.
 
 use roce_collectives::{CollError, DataType, ReduceOp};

@@ -150,6 +150,55 @@ impl Registry {
         back
     }
 
+    /// Whether `id` may take a QPN range: a device connection without one, and in
+    /// kernel-demux mode of the uid that holds ranges already (if any). Returns its uid.
+    fn may_take_range(&self, id: ClientId) -> Result<u32, ControlError> {
+        let Some(c) = self.clients.get(&id) else {
+            return Err(ControlError::BadRequest {
+                reason: "unknown connection".into(),
+            });
+        };
+        if c.role != Role::Device {
+            return Err(ControlError::BadRequest {
+                reason: "a view connection cannot hold a QPN range".into(),
+            });
+        }
+        if let Some(l) = &c.lease {
+            return Err(ControlError::AlreadyHasRange { slot: l.slot });
+        }
+        let uid = c.cred.uid;
+        if self.policy.mode == Mode::KernelDemux {
+            if let Some(other) = self
+                .clients
+                .values()
+                .find(|c| c.lease.is_some() && c.cred.uid != uid)
+            {
+                return Err(ControlError::Forbidden { reason: format!(
+                    "kernel-demux mode serves one trust domain: uid {} holds QPN ranges, uid {uid} may not join (a member socket could take the others' datagrams); use mode = \"forwarding\" for several users",
+                    other.cred.uid
+                ) });
+            }
+        }
+        Ok(uid)
+    }
+
+    /// Gives `slot` to `id`: the slot is owned, the client holds the lease.
+    fn grant(&mut self, id: ClientId, slot: u32) -> Lease {
+        self.slots[slot as usize] = Slot::Owned(id);
+        let lease = Lease {
+            slot,
+            qpn_base: slot * self.policy.range_size,
+            qpn_count: self.policy.range_size,
+            mode: self.policy.mode,
+            demux_fds: false,
+            ring_fds: false,
+        };
+        if let Some(c) = self.clients.get_mut(&id) {
+            c.lease = Some(lease.clone());
+        }
+        lease
+    }
+
     /// Gives `id` a QPN range.
     ///
     /// # Errors
@@ -178,29 +227,8 @@ impl Registry {
         id: ClientId,
         occupied: &dyn Fn(u32) -> bool,
     ) -> Result<Lease, ControlError> {
-        let Some(c) = self.clients.get(&id) else {
-            return Err(ControlError::BadRequest {
-                reason: "unknown connection".into(),
-            });
-        };
-        if c.role != Role::Device {
-            return Err(ControlError::BadRequest {
-                reason: "a view connection cannot hold a QPN range".into(),
-            });
-        }
-        if let Some(l) = &c.lease {
-            return Err(ControlError::AlreadyHasRange { slot: l.slot });
-        }
-        let uid = c.cred.uid;
+        let uid = self.may_take_range(id)?;
         let holders = || self.clients.values().filter(|c| c.lease.is_some());
-        if self.policy.mode == Mode::KernelDemux {
-            if let Some(other) = holders().find(|c| c.cred.uid != uid) {
-                return Err(ControlError::Forbidden { reason: format!(
-                    "kernel-demux mode serves one trust domain: uid {} holds QPN ranges, uid {uid} may not join (a member socket could take the others' datagrams); use mode = \"forwarding\" for several users",
-                    other.cred.uid
-                ) });
-            }
-        }
         let all = holders().count() as u64;
         if let Some(max) = self.policy.max_clients {
             check(Resource::Clients, Scope::Daemon, u64::from(max), all, 1)?;
@@ -229,20 +257,8 @@ impl Registry {
                 .filter(|s| matches!(s, Slot::Quarantined { .. }))
                 .count() as u32,
         })?;
-        self.slots[slot as usize] = Slot::Owned(id);
         self.cursor = slot;
-        let lease = Lease {
-            slot,
-            qpn_base: slot * self.policy.range_size,
-            qpn_count: self.policy.range_size,
-            mode: self.policy.mode,
-            demux_fds: false,
-            ring_fds: false,
-        };
-        if let Some(c) = self.clients.get_mut(&id) {
-            c.lease = Some(lease.clone());
-        }
-        Ok(lease)
+        Ok(self.grant(id, slot))
     }
 
     /// Gives `id` back the range at `slot` it held under an earlier daemon run (the server
@@ -259,34 +275,7 @@ impl Registry {
         slot: u32,
         objects: Objects,
     ) -> Result<Lease, ControlError> {
-        let Some(c) = self.clients.get(&id) else {
-            return Err(ControlError::BadRequest {
-                reason: "unknown connection".into(),
-            });
-        };
-        if c.role != Role::Device {
-            return Err(ControlError::BadRequest {
-                reason: "a view connection cannot hold a QPN range".into(),
-            });
-        }
-        if let Some(l) = &c.lease {
-            return Err(ControlError::AlreadyHasRange { slot: l.slot });
-        }
-        let uid = c.cred.uid;
-        if self.policy.mode == Mode::KernelDemux {
-            if let Some(other) = self
-                .clients
-                .values()
-                .find(|c| c.lease.is_some() && c.cred.uid != uid)
-            {
-                return Err(ControlError::Forbidden {
-                    reason: format!(
-                        "kernel-demux mode serves one trust domain: uid {} holds QPN ranges",
-                        other.cred.uid
-                    ),
-                });
-            }
-        }
+        self.may_take_range(id)?;
         match self.slots.get(slot as usize) {
             Some(Slot::Free | Slot::Orphan) => {}
             _ => {
@@ -295,17 +284,8 @@ impl Registry {
                 })
             }
         }
-        self.slots[slot as usize] = Slot::Owned(id);
-        let lease = Lease {
-            slot,
-            qpn_base: slot * self.policy.range_size,
-            qpn_count: self.policy.range_size,
-            mode: self.policy.mode,
-            demux_fds: false,
-            ring_fds: false,
-        };
+        let lease = self.grant(id, slot);
         if let Some(c) = self.clients.get_mut(&id) {
-            c.lease = Some(lease.clone());
             c.objects = objects;
         }
         Ok(lease)

@@ -237,11 +237,12 @@ impl Ipv4IdentSolver {
         let mut delta = u32::from_le_bytes(received) ^ base;
         let basis = self.basis(ip_packet.len());
         let mut unknown = 0u32;
+        // Branch-free: which rows apply is data (random per packet), so branches would
+        // mispredict about half the time.
         for &(pivot, vector, combo) in &basis.rows {
-            if pivot != 0 && delta & pivot != 0 {
-                delta ^= vector;
-                unknown ^= combo;
-            }
+            let take = 0u32.wrapping_sub(u32::from(delta & pivot != 0));
+            delta ^= vector & take;
+            unknown ^= combo & take;
         }
         if delta != 0 {
             return None;
@@ -332,9 +333,8 @@ impl Ipv4IdentPatcher {
         let bits = self.cache[ip_len].get_or_insert_with(|| Box::new(ident_bit_vectors(ip_len)));
         let mut d = 0u32;
         for (k, v) in bits.iter().enumerate() {
-            if diff & (1 << k) != 0 {
-                d ^= v;
-            }
+            // Branch-free (the bits differ from packet to packet).
+            d ^= v & 0u32.wrapping_sub(u32::from((diff >> k) & 1));
         }
         Some(d.to_le_bytes())
     }

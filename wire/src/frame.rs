@@ -78,22 +78,36 @@ impl Ipv4Repr {
     /// ICRC covers), and the hand-written form is a few stores; `tests::ipv4_emit_matches_
     /// etherparse` holds it to etherparse's bytes.
     pub fn emit(&self, total_len: u16, h: &mut [u8; IPV4_LEN]) {
-        let len = total_len.to_be_bytes();
-        let ident = self.ident.to_be_bytes();
-        let flags = if self.dont_fragment { 0x40 } else { 0x00 };
-        let (src, dst) = (self.src.octets(), self.dst.octets());
-        *h = [
-            0x45, self.tos, len[0], len[1], ident[0], ident[1], flags, 0x00, self.ttl, 17, 0, 0,
-            src[0], src[1], src[2], src[3], dst[0], dst[1], dst[2], dst[3],
+        let flags: u16 = if self.dont_fragment { 0x4000 } else { 0x0000 };
+        let (src, dst) = (u32::from(self.src), u32::from(self.dst));
+        // RFC 1071: the one's complement of the one's complement sum of the 16-bit words,
+        // summed from the field values (not read back from `h`, which would stall on the
+        // stores just made).
+        let words = [
+            0x4500 | u16::from(self.tos),
+            total_len,
+            self.ident,
+            flags,
+            u16::from(self.ttl) << 8 | 17,
+            (src >> 16) as u16,
+            src as u16,
+            (dst >> 16) as u16,
+            dst as u16,
         ];
-        // RFC 1071: one's complement of the one's complement sum of the 16-bit words.
-        let mut sum: u32 = h
-            .chunks_exact(2)
-            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-            .sum();
+        let mut sum: u32 = words.iter().map(|&w| u32::from(w)).sum();
         sum = (sum & 0xFFFF) + (sum >> 16);
         sum = (sum & 0xFFFF) + (sum >> 16);
-        h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        let checksum = !(sum as u16);
+        let mut out = [0u8; IPV4_LEN];
+        out[0..2].copy_from_slice(&words[0].to_be_bytes());
+        out[2..4].copy_from_slice(&total_len.to_be_bytes());
+        out[4..6].copy_from_slice(&self.ident.to_be_bytes());
+        out[6..8].copy_from_slice(&flags.to_be_bytes());
+        out[8..10].copy_from_slice(&words[4].to_be_bytes());
+        out[10..12].copy_from_slice(&checksum.to_be_bytes());
+        out[12..16].copy_from_slice(&src.to_be_bytes());
+        out[16..20].copy_from_slice(&dst.to_be_bytes());
+        *h = out;
     }
 }
 

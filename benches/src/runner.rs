@@ -387,7 +387,7 @@ fn measurements(
         }
     }
     if let Some(filt) = &opts.filter {
-        ms.retain(|m| m.id.contains(filt.as_str()));
+        ms.retain(|m| filt.split(',').any(|f| m.id.contains(f)));
     }
     (ms, figs)
 }

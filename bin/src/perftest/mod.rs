@@ -40,6 +40,9 @@ use crate::limits;
 use crate::oob::perftest::{Role, Tool};
 use crate::oob::{Timeout, DEFAULT_PORT};
 
+/// Most queue pairs of `-q`.
+const MAX_QPS: u32 = 64;
+
 /// Connection type (`-c`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum ConnType {
@@ -161,7 +164,9 @@ pub(crate) struct PerfArgs {
     /// Ignored (perftest: do not fail on CPU frequency differences)
     #[arg(short = 'F', long = "CPU-freq")]
     cpu_freq: bool,
-    /// Queue pairs (only 1 is supported)
+    /// Queue pairs (write-bw, read-bw, atomic-bw): each side opens N QPs on its device and
+    /// the client runs -n messages on each, keeping -t in flight per QP; the bandwidth is
+    /// the sum
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     qps: u32,
     /// Report bandwidth in Gb/sec instead of MB/sec
@@ -216,6 +221,8 @@ pub(crate) struct Config {
     gid_index: Option<u8>,
     local: Option<IpAddr>,
     qp_type: QpType,
+    /// `-q`: queue pairs.
+    qps: u32,
     sizes: Vec<u64>,
     /// `-a` (UD keeps the sizes that fit the path MTU).
     all: bool,
@@ -296,8 +303,14 @@ impl Config {
         if !allowed.contains(&conn) {
             bail!("{name} does not support connection type {conn:?} (-c)");
         }
-        if a.qps != 1 {
-            bail!("only one queue pair is supported (-q 1), got -q {}", a.qps);
+        if a.qps == 0 || a.qps > MAX_QPS {
+            bail!("-q {}: between 1 and {MAX_QPS} queue pairs", a.qps);
+        }
+        if a.qps > 1 && !matches!(tool, Tool::WriteBw | Tool::ReadBw | Tool::AtomicBw) {
+            bail!("-q above 1 is supported by write-bw, read-bw and atomic-bw");
+        }
+        if a.qps > 1 && a.chk {
+            bail!("--chk checks one queue pair: drop -q");
         }
         if a.ib_port != 1 {
             bail!("the device has one port: -i 1, got -i {}", a.ib_port);
@@ -423,6 +436,7 @@ impl Config {
                 ConnType::Uc => QpType::Uc,
                 ConnType::Ud => QpType::Ud,
             },
+            qps: a.qps,
             sizes,
             all: a.all,
             size_given: a.size.is_some(),

@@ -233,6 +233,24 @@ fn figures(link: &Link) -> Vec<Figure> {
             mmsg: None,
             peers: [None, None],
         });
+        // The same with 4 process pairs, and with N QPs in one process pair (perftest's -q:
+        // one device, one engine thread per side).
+        for (kind, what) in [
+            ("rc-write-bw-4qp", "4 QPs (4 process pairs)"),
+            ("rc-write-bw-q2", "2 QPs in one process (-q 2)"),
+            ("rc-write-bw-q4", "4 QPs in one process (-q 4)"),
+        ] {
+            v.push(Figure {
+                id: format!("{kind}/{l}/pmtu4096/65536"),
+                title: format!("RC WRITE BW 64 KiB PMTU 4096, {what} / 1 QP {l}"),
+                metric: Metric::Bandwidth,
+                kind,
+                params: p(&[("pmtu", "4096".into()), ("size", "65536".into())]),
+                limit: format!("ours/rc-write-bw/{l}/pmtu4096/65536"),
+                mmsg: None,
+                peers: [None, None],
+            });
+        }
     }
     v.push(Figure {
         id: format!("ud-send-rate/{l}/64"),
@@ -387,7 +405,7 @@ fn measurements(
         }
     }
     if let Some(filt) = &opts.filter {
-        ms.retain(|m| m.id.contains(filt.as_str()));
+        ms.retain(|m| filt.split(',').any(|f| m.id.contains(f)));
     }
     (ms, figs)
 }
@@ -444,9 +462,12 @@ fn cpu_seconds(who: UsageWho) -> f64 {
 
 /// Runs one of our commands (`sh -c`), returning the numbers of the last JSON object line,
 /// with `cpu_s_per_gb`: the user + system time of every process it ran (both tools) per 10^9
-/// bytes moved (`bytes` × `iters`), for bandwidth runs.
+/// bytes moved (`bytes` × `iters`), for bandwidth runs; and `cpu_s` and `wall_s`, the same CPU
+/// time and the command's wall-clock time (start-up and exchange included), whose quotient is
+/// how many cores the run kept busy.
 fn run_ours(cmd: &str) -> Result<BTreeMap<String, f64>> {
     let cpu0 = cpu_seconds(UsageWho::RUSAGE_CHILDREN);
+    let t0 = Instant::now();
     let out = Command::new("timeout")
         .args(["120", "sh", "-c", cmd])
         .stdin(Stdio::null())
@@ -466,10 +487,13 @@ fn run_ours(cmd: &str) -> Result<BTreeMap<String, f64>> {
         .find_map(|l| serde_json::from_str::<serde_json::Map<String, Value>>(l.trim()).ok())
         .context("no JSON object line on stdout")?;
     let cpu = cpu_seconds(UsageWho::RUSAGE_CHILDREN) - cpu0;
+    let wall = t0.elapsed().as_secs_f64();
     let mut nums: BTreeMap<String, f64> = obj
         .into_iter()
         .filter_map(|(k, v)| v.as_f64().map(|x| (k, x)))
         .collect();
+    nums.insert("cpu_s".into(), cpu);
+    nums.insert("wall_s".into(), wall);
     if let (Some(b), Some(n)) = (nums.get("bytes"), nums.get("iters")) {
         let gb = b * n / 1e9;
         if gb > 0.0 && nums.contains_key("bytes_per_s") {
@@ -1077,7 +1101,21 @@ mod tests {
                 assert!(f.mmsg.is_some(), "{}: sendmmsg kept as a reference", f.id);
             }
         }
-        assert_eq!(figs.len(), 3 * 2 * 3 + 1 + 2 + 3 * 2);
+        // Bandwidth, the four QP-scaling rows, the two rates, the latencies.
+        assert_eq!(figs.len(), 3 * 2 * 3 + 4 + 2 + 3 * 2);
+    }
+
+    /// `--only` keeps the measurements whose id contains any of its comma-separated parts.
+    #[test]
+    fn only_takes_a_list() {
+        let lo = Link::loopback();
+        let opts = Options {
+            filter: Some("mmsg/88,pingpong/busy".into()),
+            ..Options::default()
+        };
+        let (ms, _) = measurements(&[&lo], &opts, &BTreeMap::new());
+        let ids: Vec<&str> = ms.iter().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids, ["limit/lo/mmsg/88", "limit/lo/pingpong/busy/64"]);
     }
 
     /// The limit tables list only links the limit was measured on, and only sizes with a

@@ -69,7 +69,16 @@ fn options_a_tool_does_not_take() {
             "send-bw -o 4 127.0.0.1",
             "-o/--outs is for the read and atomic tests only",
         ),
-        ("send-bw -q 2 127.0.0.1", "only one queue pair is supported"),
+        (
+            "send-bw -q 2 127.0.0.1",
+            "-q above 1 is supported by write-bw, read-bw and atomic-bw",
+        ),
+        ("write-bw -q 0 127.0.0.1", "-q 0: between 1 and 64"),
+        ("write-bw -q 65 127.0.0.1", "-q 65: between 1 and 64"),
+        (
+            "write-bw -q 2 --chk 127.0.0.1",
+            "--chk checks one queue pair",
+        ),
         ("atomic-bw -a 127.0.0.1", "-a does not apply"),
         ("send-lat -m 1000 127.0.0.1", "-m 1000"),
     ] {

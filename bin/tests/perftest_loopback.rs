@@ -188,3 +188,22 @@ fn all_sizes() {
     let (c, _) = pair(59, "send-lat", "-a -n 4 -c UD -m 1024", Kind::Lat);
     assert_eq!(table(&c).last().map(|r| r[0]), Some(1024.0));
 }
+
+#[test]
+fn several_qps() {
+    // -q 3: three QPs on each side, -n messages on each; the table prints them per QP (as
+    // perftest), the JSON counts them all, and every QP's packets went out.
+    let (c, s) = pair(60, "write-bw", "-q 3 -n 300 -s 65536 -m 1024", Kind::Bw);
+    assert!(c.contains("Number of qps   : 3"), "{c}");
+    assert!(s.contains("Number of qps   : 3"), "{s}");
+    assert_eq!(table(&c)[0][..2], [65_536.0, 300.0]);
+    assert_eq!(json_num(&c, "iters"), Some(900.0), "{c}");
+    assert_eq!(json_num(&c, "qps"), Some(3.0), "{c}");
+    // 64 packets of 1024 bytes per message: 900 messages are 57,600 packets (plus the
+    // warm-up's); one QP alone would have sent a third.
+    let tx = json_num(&c, "tx_packets").unwrap_or(0.0);
+    assert!(tx >= 57_600.0, "tx_packets {tx}:\n{c}");
+    let (c, _) = pair(60, "atomic-bw", "-q 2 -n 500", Kind::Bw);
+    assert_eq!(json_num(&c, "iters"), Some(1000.0), "{c}");
+    pair(60, "read-bw", "-q 2 -n 200 -s 4096", Kind::Bw);
+}

@@ -36,7 +36,8 @@ struct Cli {
     /// Skip libfabric and UCX.
     #[arg(long)]
     no_peers: bool,
-    /// Only measurements whose id contains this (e.g. `limit/lo/mmsg`, `ucx/`).
+    /// Only measurements whose id contains this, or one of these comma-separated strings
+    /// (e.g. `limit/lo/mmsg`, `ucx/`, `rate,mmsg/88,mmsg/44`).
     #[arg(long)]
     only: Option<String>,
     /// Hook file with our commands (default: benches/ours.cmds).

@@ -91,6 +91,11 @@ struct StreamOpts {
     /// Receiver spins on non-blocking calls instead of sleeping (not in the default sweep).
     #[arg(long)]
     rx_busy: bool,
+    /// Receiver polls without blocking and naps this many microseconds when its queue is empty
+    /// (no wake-ups for the sender to pay; 0: block in the kernel instead). Default: 50 for
+    /// mmsg and gso, 0 for plain. A nap overrides --rx-busy.
+    #[arg(long, value_name = "US")]
+    rx_nap_us: Option<u64>,
 }
 
 impl StreamOpts {
@@ -101,6 +106,12 @@ impl StreamOpts {
         c.batch = self.batch;
         c.gso_segments = self.gso_segments;
         c.rx_busy = self.rx_busy;
+        if let Some(us) = self.rx_nap_us {
+            c.rx_nap = (us > 0).then(|| Duration::from_micros(us));
+        }
+        if self.rx_busy && self.rx_nap_us.is_none() {
+            c.rx_nap = None;
+        }
         c
     }
 }

@@ -1,7 +1,9 @@
 //! Bandwidth: `send-bw`, `write-bw`, `read-bw`, `atomic-bw` (perftest's `run_iter_bw`,
 //! `run_iter_bw_server`).
 //!
-//! The client keeps up to `-t` requests outstanding: whenever the window has room it builds
+//! The client keeps up to `-t` requests outstanding on each of its `-q` QPs (perftest's
+//! `run_iter_bw`: the QPs take turns posting, one CQ takes all their completions, the `wr_id`
+//! says which QP; `-n` messages on each): whenever a window has room it builds
 //! the missing work requests and posts them with **one** [`QueuePair::post_send_batch`] (one
 //! engine lock, one doorbell: the first packets leave from this thread before it returns),
 //! then waits for completions. One request in `-Q` is signalled (and the last one), so the
@@ -184,16 +186,41 @@ fn server_verdict(rec: &Record, v: &Verdict) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// perftest's `perform_warm_up`: a window of requests, all waited for, before timing (at most
-/// 16 MiB of them).
+/// Where a client's `wr_id` keeps the QP index (`-q`): message `i` of QP `q` is
+/// `q << QP_SHIFT | i` (so with one QP the `wr_id` is the message number, as perftest's).
+const QP_SHIFT: u32 = 40;
+
+/// The `wr_id` of message `i` on QP `q`.
+fn tag(q: usize, i: usize) -> u64 {
+    ((q as u64) << QP_SHIFT) | i as u64
+}
+
+/// The QP and message number of a client's `wr_id`.
+fn untag(wr_id: u64) -> (usize, usize) {
+    (
+        usize::try_from(wr_id >> QP_SHIFT).unwrap_or(usize::MAX),
+        usize::try_from(wr_id & ((1 << QP_SHIFT) - 1)).unwrap_or(usize::MAX),
+    )
+}
+
+/// perftest's `perform_warm_up`: a window of requests on every QP, all waited for, before
+/// timing (at most 16 MiB of them per QP).
 fn warm_up(s: &Session, cfg: &Config, size: u64, chk: Option<&mut Filler>) -> anyhow::Result<()> {
     let n = (cfg.tx_depth as u64).min((16 << 20) / size.max(1)).max(1);
     stamp(s, chk, 0, n)?;
-    let wrs = (0..n).map(|i| s.send_wr(cfg.tool, cfg.atomic, i, size, true));
-    let posted = match s.qp.post_send_batch(wrs) {
-        Ok(k) | Err((k, PostError::QueueFull)) => k as u64,
-        Err((_, e)) => bail!("posting the warm-up requests: {e}"),
-    };
+    let mut posted = 0u64;
+    for q in 0..s.qp_count() {
+        let Some(qp) = s.qp_at(q) else { break };
+        let wrs = (0..n).map(|i| {
+            let mut wr = s.send_wr_on(q, cfg.tool, cfg.atomic, i, size, true);
+            wr.wr_id = tag(q, i as usize);
+            wr
+        });
+        posted += match qp.post_send_batch(wrs) {
+            Ok(k) | Err((k, PostError::QueueFull)) => k as u64,
+            Err((_, e)) => bail!("posting the warm-up requests: {e}"),
+        };
+    }
     let mut wc = [Completion::EMPTY; POLL_BATCH];
     let mut done = 0;
     while done < posted {
@@ -208,7 +235,8 @@ fn warm_up(s: &Session, cfg: &Config, size: u64, chk: Option<&mut Filler>) -> an
     Ok(())
 }
 
-/// One size: `-n` requests, a window of `-t`.
+/// One size: `-n` requests on each QP, a window of `-t` per QP (perftest's `run_iter_bw`:
+/// the QPs take turns posting, one CQ takes every completion).
 fn client_iter(
     s: &Session,
     cfg: &Config,
@@ -216,31 +244,47 @@ fn client_iter(
     mut chk: Option<&mut Filler>,
 ) -> anyhow::Result<BwResult> {
     let n = usize::try_from(cfg.iters).context("-n too large")?;
+    let nq = s.qp_count();
     let depth = cfg.tx_depth;
     let cq_mod = cfg.cq_mod as usize;
-    // Every array the loop writes is allocated here.
+    // Every array the loop writes is allocated here. The timestamps are QP 0's (the peak is
+    // computed for one QP only).
     let mut posted = crate::limits::timestamps(n)?;
     let mut completed: Vec<(usize, u64)> = Vec::with_capacity(n / cq_mod + 2);
+    let mut scnt = vec![0usize; nq];
+    let mut ccnt = vec![0usize; nq];
     let mut wc = [Completion::EMPTY; POLL_BATCH];
-    let (mut scnt, mut ccnt) = (0usize, 0usize);
+    let (mut sent, mut finished) = (0usize, 0usize);
+    let mut end = 0u64;
     let t0 = Instant::now();
     let ns = |t: Instant| t.duration_since(t0).as_nanos() as u64;
-    while ccnt < n {
-        let room = depth.saturating_sub(scnt - ccnt).min(n - scnt);
-        if room > 0 {
-            let first = scnt;
-            stamp(s, chk.as_deref_mut(), first as u64, (first + room) as u64)?;
+    while finished < nq {
+        for q in 0..nq {
+            let room = depth.saturating_sub(scnt[q] - ccnt[q]).min(n - scnt[q]);
+            if room == 0 {
+                continue;
+            }
+            let Some(qp) = s.qp_at(q) else { break };
+            let first = scnt[q];
+            if q == 0 {
+                stamp(s, chk.as_deref_mut(), first as u64, (first + room) as u64)?;
+            }
             let wrs = (first..first + room).map(|i| {
                 let signaled = i % cq_mod == cq_mod - 1 || i == n - 1;
-                s.send_wr(cfg.tool, cfg.atomic, i as u64, size, signaled)
+                let mut wr = s.send_wr_on(q, cfg.tool, cfg.atomic, i as u64, size, signaled);
+                wr.wr_id = tag(q, i);
+                wr
             });
             let now = ns(Instant::now());
-            let k = match s.qp.post_send_batch(wrs) {
+            let k = match qp.post_send_batch(wrs) {
                 Ok(k) | Err((k, PostError::QueueFull)) => k,
-                Err((_, e)) => bail!("posting request {first}: {e}"),
+                Err((_, e)) => bail!("posting request {first} on QP {q}: {e}"),
             };
-            posted[first..first + k].fill(now);
-            scnt += k;
+            if q == 0 {
+                posted[first..first + k].fill(now);
+            }
+            scnt[q] += k;
+            sent += k;
         }
         let got = wait_cq(
             &s.send_cq,
@@ -252,15 +296,23 @@ fn client_iter(
         let now = ns(Instant::now());
         for c in &wc[..got] {
             if !ok(c) {
-                return Err(s.completion_error(c, cfg.role, scnt as u64, ccnt as u64));
+                let done: usize = ccnt.iter().sum();
+                return Err(s.completion_error(c, cfg.role, sent as u64, done as u64));
             }
-            let j = usize::try_from(c.wr_id).unwrap_or(usize::MAX).min(n - 1);
-            ccnt = ccnt.max(j + 1);
-            completed.push((j, now));
+            let (q, j) = untag(c.wr_id);
+            let Some(cc) = ccnt.get_mut(q) else { continue };
+            let j = j.min(n - 1);
+            if *cc < n && j + 1 >= n {
+                finished += 1;
+            }
+            *cc = (*cc).max(j + 1);
+            if q == 0 {
+                completed.push((j, now));
+            }
+            end = now;
         }
     }
-    let end = completed.last().map_or(0, |&(_, t)| t);
-    let peak = if cfg.no_peak {
+    let peak = if cfg.no_peak || nq > 1 {
         0.0
     } else {
         report::peak_bytes_per_s(size, &posted, &completed)
@@ -268,6 +320,7 @@ fn client_iter(
     Ok(BwResult {
         size,
         iters: n as u64,
+        qps: nq as u64,
         seconds: end.saturating_sub(posted[0]) as f64 / 1e9,
         peak_bytes_per_s: peak,
     })
@@ -401,6 +454,7 @@ fn server_iter(
         BwResult {
             size,
             iters: rcnt,
+            qps: 1,
             seconds,
             peak_bytes_per_s: 0.0,
         },
@@ -468,7 +522,9 @@ fn json(cfg: &Config, s: &Session, r: &BwResult, lost: Option<u64>) -> String {
             },
         )
         .num("bytes", r.size as f64)
-        .num("iters", r.iters as f64)
+        // Messages on all QPs (the table prints them per QP, as perftest).
+        .num("iters", r.messages() as f64)
+        .num("qps", r.qps.max(1) as f64)
         .num("mtu", s.mtu.bytes() as f64)
         .num("seconds", r.seconds)
         .num("bytes_per_s", r.bytes_per_s())

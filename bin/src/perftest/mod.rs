@@ -40,6 +40,9 @@ use crate::limits;
 use crate::oob::perftest::{Role, Tool};
 use crate::oob::{Timeout, DEFAULT_PORT};
 
+/// Most queue pairs of `-q`.
+const MAX_QPS: u32 = 64;
+
 /// Connection type (`-c`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum ConnType {
@@ -161,7 +164,9 @@ pub(crate) struct PerfArgs {
     /// Ignored (perftest: do not fail on CPU frequency differences)
     #[arg(short = 'F', long = "CPU-freq")]
     cpu_freq: bool,
-    /// Queue pairs (only 1 is supported)
+    /// Queue pairs (write-bw, read-bw, atomic-bw): each side opens N QPs on its device and
+    /// the client runs -n messages on each, keeping -t in flight per QP; the bandwidth is
+    /// the sum
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     qps: u32,
     /// Report bandwidth in Gb/sec instead of MB/sec
@@ -216,6 +221,8 @@ pub(crate) struct Config {
     gid_index: Option<u8>,
     local: Option<IpAddr>,
     qp_type: QpType,
+    /// `-q`: queue pairs.
+    qps: u32,
     sizes: Vec<u64>,
     /// `-a` (UD keeps the sizes that fit the path MTU).
     all: bool,
@@ -296,8 +303,14 @@ impl Config {
         if !allowed.contains(&conn) {
             bail!("{name} does not support connection type {conn:?} (-c)");
         }
-        if a.qps != 1 {
-            bail!("only one queue pair is supported (-q 1), got -q {}", a.qps);
+        if a.qps == 0 || a.qps > MAX_QPS {
+            bail!("-q {}: between 1 and {MAX_QPS} queue pairs", a.qps);
+        }
+        if a.qps > 1 && !matches!(tool, Tool::WriteBw | Tool::ReadBw | Tool::AtomicBw) {
+            bail!("-q above 1 is supported by write-bw, read-bw and atomic-bw");
+        }
+        if a.qps > 1 && a.chk {
+            bail!("--chk checks one queue pair: drop -q");
         }
         if a.ib_port != 1 {
             bail!("the device has one port: -i 1, got -i {}", a.ib_port);
@@ -385,12 +398,30 @@ impl Config {
         };
         let cq_mod = a.cq_mod.min(tx_depth as u64).max(1);
         let rx_depth = a.rx_depth.min(usize::try_from(iters).unwrap_or(usize::MAX));
+        let busy = match a.recv {
+            Some(RecvMode::Block) => false,
+            Some(RecvMode::Busy) => true,
+            None => !a.events,
+        };
         let progress = match a.progress {
             Some(ProgressArg::Thread) => Progress::Thread,
             Some(ProgressArg::Manual) => Progress::Manual,
             // A side that waits on TCP while the peer's requests arrive needs the engine
-            // thread; a side that polls its queues drives the engine itself.
+            // thread; a side that polls its queues drives the engine itself. A busy-polling
+            // SEND server too: with an engine thread beside it, the two fight over the engine
+            // on a small machine, and the thread, receiving a whole pass of datagrams while
+            // the poller is descheduled, empties the receive queue; UD then drops what
+            // follows (64 B UD on loopback, 2 cores: 0.09-0.55 M/s delivered with 43-90%
+            // lost, against 0.93-0.97 M/s and no loss polled with -r 16384).
             None => match (tool, role) {
+                (Tool::SendBw, Role::Server) if busy => Progress::Manual,
+                // A READ/atomic client receives every response where it waits: its polls (or
+                // with -e its waits, which then run the engine in this thread) do the work an
+                // engine thread beside it would, without the contention for the engine's lock
+                // and the hop between threads (FETCH_ADD, 2 shared cores, load 6-7: -e 0.42-0.60
+                // M/s on lo and 0.30-0.37 on veth at 1.0-1.3 us of client CPU per atomic; with
+                // an engine thread 0.43-0.46 on lo when the machine was quieter).
+                (Tool::ReadBw | Tool::AtomicBw, Role::Client) => Progress::Manual,
                 (Tool::WriteBw | Tool::ReadBw | Tool::AtomicBw | Tool::ReadLat, Role::Server) => {
                     Progress::Thread
                 }
@@ -412,6 +443,7 @@ impl Config {
                 ConnType::Uc => QpType::Uc,
                 ConnType::Ud => QpType::Ud,
             },
+            qps: a.qps,
             sizes,
             all: a.all,
             size_given: a.size.is_some(),

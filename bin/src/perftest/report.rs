@@ -47,8 +47,10 @@ pub(crate) fn bw_line(r: &BwReport) -> String {
 pub(crate) struct BwResult {
     /// Message size.
     pub(crate) size: u64,
-    /// Messages counted.
+    /// Messages counted (per QP with `-q`, as perftest prints them).
     pub(crate) iters: u64,
+    /// Queue pairs that each carried `iters` messages (`-q`; 0 counts as 1).
+    pub(crate) qps: u64,
     /// From the first post (or the first receive) to the last completion.
     pub(crate) seconds: f64,
     /// The best rate over any run of consecutive messages, bytes/s (0: not measured).
@@ -56,19 +58,24 @@ pub(crate) struct BwResult {
 }
 
 impl BwResult {
-    /// Payload bytes per second, one direction.
+    /// Messages on all QPs.
+    pub(crate) fn messages(&self) -> u64 {
+        self.iters * self.qps.max(1)
+    }
+
+    /// Payload bytes per second, one direction, all QPs.
     pub(crate) fn bytes_per_s(&self) -> f64 {
         if self.seconds > 0.0 {
-            (self.size * self.iters) as f64 / self.seconds
+            (self.size * self.messages()) as f64 / self.seconds
         } else {
             0.0
         }
     }
 
-    /// Messages per second.
+    /// Messages per second, all QPs.
     pub(crate) fn ops_per_s(&self) -> f64 {
         if self.seconds > 0.0 {
-            self.iters as f64 / self.seconds
+            self.messages() as f64 / self.seconds
         } else {
             0.0
         }
@@ -443,12 +450,33 @@ mod tests {
         let r = BwResult {
             size: 1000,
             iters: 4,
+            qps: 1,
             seconds: 13e-6,
             peak_bytes_per_s: p,
         };
         let rep = r.report(false);
         assert!((rep.bw_peak - 1e9 / 1_048_576.0).abs() < 1e-6);
         assert!((r.report(true).bw_peak - 8.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn several_qps_add_up() {
+        // -q 3: 100 messages of 4096 bytes on each QP in 1 ms.
+        let r = BwResult {
+            size: 4096,
+            iters: 100,
+            qps: 3,
+            seconds: 1e-3,
+            peak_bytes_per_s: 0.0,
+        };
+        assert_eq!(r.messages(), 300);
+        assert!((r.bytes_per_s() - 300.0 * 4096.0 / 1e-3).abs() < 1e-3);
+        assert!((r.ops_per_s() - 300_000.0).abs() < 1e-6);
+        let rep = r.report(false);
+        assert_eq!(rep.iters, 100, "the table prints messages per QP");
+        assert!((rep.msg_rate_avg - 0.3).abs() < 1e-12);
+        // 0 QPs (a default) counts as one.
+        assert_eq!(BwResult { qps: 0, ..r }.messages(), 100);
     }
 
     #[test]

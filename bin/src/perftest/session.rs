@@ -43,8 +43,11 @@ pub(crate) struct Session {
     pub(crate) send_cq: CompletionQueue,
     /// Receive completions.
     pub(crate) recv_cq: CompletionQueue,
-    /// The queue pair, connected.
+    /// The queue pair, connected (QP 0 of `-q N`).
     pub(crate) qp: QueuePair,
+    /// QPs 1.. of `-q N` (write-bw, read-bw, atomic-bw), each connected to the peer's QP of
+    /// the same index, with the peer's key record for it; they share the CQs and the buffer.
+    pub(crate) more: Vec<(QueuePair, PerftestDest)>,
     /// The buffer (see the module docs).
     pub(crate) mr: MemoryRegion,
     /// `B`: where the half the peer targets starts.
@@ -104,7 +107,8 @@ impl Session {
         let mr = pd
             .register_zeroed(2 * half, access)
             .context("registering the test buffer")?;
-        let send_cq = dev.create_cq(cfg.tx_depth.max(cfg.cq_mod as usize) * 2 + 64)?;
+        let nq = cfg.qps as usize;
+        let send_cq = dev.create_cq(cfg.tx_depth.max(cfg.cq_mod as usize) * 2 * nq + 64)?;
         let recv_cq = dev.create_cq(cfg.rx_depth * 2 + 64)?;
         let mut init = QpInit::new(cfg.qp_type, &send_cq);
         init.recv_cq = recv_cq.clone();
@@ -119,6 +123,10 @@ impl Session {
             init.config.ack_req_every = a.max(1);
         }
         let qp = pd.create_qp(&init).context("creating the queue pair")?;
+        let mut extra = Vec::with_capacity(nq - 1);
+        for _ in 1..nq {
+            extra.push(pd.create_qp(&init).context("creating a queue pair (-q)")?);
+        }
         let max_rd = u8::try_from(dev.query_device().max_qp_init_rd_atom).unwrap_or(u8::MAX);
         let out_reads = match cfg.out_reads {
             Some(o) if o > max_rd => {
@@ -176,6 +184,20 @@ impl Session {
         let setup = conn
             .exchange_keys(cfg.tool, &mine, mtu_enum(wanted))
             .context("perftest exchange with the peer")?;
+        // perftest's first hand shake runs once per QP (`-q`), each with that QP's record;
+        // the later barriers repeat QP 0's.
+        let mut more = Vec::with_capacity(extra.len());
+        for q in extra {
+            let rec = PerftestDest {
+                qpn: q.qpn(),
+                psn: Psn::new(dev.random_psn()),
+                ..mine
+            };
+            let theirs = conn
+                .hand_shake(&rec)
+                .context("perftest exchange with the peer (the key record of a -q QP)")?;
+            more.push((q, rec, theirs));
+        }
         let Some(mtu) = mtu_from_enum(setup.mtu_enum) else {
             bail!("negotiated MTU enum {} is not an MTU", setup.mtu_enum);
         };
@@ -226,6 +248,26 @@ impl Session {
         };
         qp.connect(&remote, &opts)
             .context("connecting the queue pair (INIT, RTR, RTS)")?;
+        let more = more
+            .into_iter()
+            .map(|(q, rec, theirs)| {
+                let opts = ConnectOptions {
+                    local_psn: rec.psn,
+                    rd_atomic: out_reads
+                        .min(u8::try_from(theirs.out_reads).unwrap_or(u8::MAX))
+                        .max(1),
+                    ..opts
+                };
+                let remote = RemoteQp {
+                    qpn: theirs.qpn,
+                    psn: theirs.psn,
+                    gid: theirs.gid,
+                };
+                q.connect(&remote, &opts)
+                    .context("connecting a queue pair of -q (INIT, RTR, RTS)")?;
+                Ok((q, theirs))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let ud = ud.then(|| UdDest {
             ah: AddressHandle::new(peer.gid),
             remote_qpn: peer.qpn,
@@ -243,6 +285,7 @@ impl Session {
             send_cq,
             recv_cq,
             qp,
+            more,
             mr,
             half,
             mine,
@@ -381,7 +424,7 @@ impl Session {
         })
     }
 
-    /// The work request for message `i` of `tool`.
+    /// The work request for message `i` of `tool` (on QP 0).
     pub(crate) fn send_wr(
         &self,
         tool: Tool,
@@ -390,9 +433,41 @@ impl Session {
         size: u64,
         signaled: bool,
     ) -> SendWr {
+        self.send_wr_on(0, tool, atomic, i, size, signaled)
+    }
+
+    /// The number of QPs (`-q`).
+    pub(crate) fn qp_count(&self) -> usize {
+        1 + self.more.len()
+    }
+
+    /// QP `q` of `-q N` (0 is [`Self::qp`]); `None` past the last.
+    pub(crate) fn qp_at(&self, q: usize) -> Option<&QueuePair> {
+        match q {
+            0 => Some(&self.qp),
+            q => self.more.get(q - 1).map(|(qp, _)| qp),
+        }
+    }
+
+    /// The work request for message `i` of `tool` on QP `q`, aimed at the buffer the peer's
+    /// QP `q` advertised; `wr_id` is `i` (the caller adds the QP if it needs to tell them
+    /// apart).
+    pub(crate) fn send_wr_on(
+        &self,
+        q: usize,
+        tool: Tool,
+        atomic: AtomicType,
+        i: u64,
+        size: u64,
+        signaled: bool,
+    ) -> SendWr {
+        let peer = match q {
+            0 => &self.peer,
+            q => self.more.get(q - 1).map_or(&self.peer, |(_, p)| p),
+        };
         let off = self.offset(i, size);
-        let remote_addr = self.peer.vaddr + off;
-        let rkey = self.peer.rkey;
+        let remote_addr = peer.vaddr + off;
+        let rkey = peer.rkey;
         let op = match tool {
             Tool::SendBw | Tool::SendLat => SendOp::Send,
             Tool::WriteBw | Tool::WriteLat => SendOp::RdmaWrite { remote_addr, rkey },
@@ -605,7 +680,10 @@ fn print_info(cfg: &Config, dev: &Device, gid_index: u8, mtu: Mtu, out_reads: u8
         " Dual-port       : OFF\t\tDevice         : {}\n",
         dev.name()
     ));
-    out.push_str(" Number of qps   : 1\t\tTransport type : IB\n");
+    out.push_str(&format!(
+        " Number of qps   : {}\t\tTransport type : IB\n",
+        cfg.qps
+    ));
     out.push_str(&format!(
         " Connection type : {conn}\t\tUsing SRQ      : OFF\n"
     ));

@@ -122,6 +122,27 @@ fn copy(c: &mut Criterion) {
         });
     }
     g.finish();
+    let mut g = c.benchmark_group("checked_read");
+    for size in [64usize, 256, 1024, 4096] {
+        let mut out = vec![0u8; size];
+        g.throughput(Throughput::Bytes(size as u64));
+        g.bench_function(BenchmarkId::from_parameter(size), |b| {
+            b.iter(|| {
+                let c = table
+                    .check(
+                        Origin::Remote { qpn: Qpn::new(1) },
+                        keys[0],
+                        pd,
+                        IOVA + 8,
+                        size as u64,
+                        Access::REMOTE_READ,
+                    )
+                    .expect("check");
+                c.read(0, black_box(&mut out)).expect("read");
+            });
+        });
+    }
+    g.finish();
     let mut g = c.benchmark_group("atomic");
     g.bench_function("fetch_add", |b| {
         b.iter(|| {

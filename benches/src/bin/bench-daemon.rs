@@ -6,14 +6,19 @@
 //!   address (127.0.0.1, 127.0.0.2): the reference;
 //! - `demux-1`: one pair through a kernel-demux daemon, both sides on 127.0.0.1: the pure
 //!   cost of the kernel demultiplexer (`SO_REUSEPORT` + the BPF program, GSO runs cut per
-//!   destination QPN; on a loopback address members keep `UDP_GRO`, elsewhere they cannot, see
-//!   `benches/README.md`); issue 14's goal is ≤ 5% below `excl-1`;
+//!   destination QPN; members keep `UDP_GRO`, see `benches/README.md`); issue 14's goal is
+//!   ≤ 5% below `excl-1`;
 //! - `fwd-1`: one pair through a forwarding daemon (the daemon copies each datagram into its
 //!   owner's ring);
 //! - `excl-4`: four pairs at once, exclusive, on eight addresses (127.0.0.1–8): the fair
 //!   aggregate reference for four pairs on this machine;
 //! - `demux-4`, `fwd-4`: four pairs at once through each daemon, all eight processes on
-//!   127.0.0.1.
+//!   127.0.0.1;
+//! - `excl-veth-1`, `demux-veth-1`, `excl-veth-4`, `demux-veth-4`: the same over a veth pair
+//!   (MTU 9000) between two namespaces, servers on one side and clients on the other, with a
+//!   kernel-demux daemon on each side (one address per side) or exclusive devices (four
+//!   addresses per side for four pairs). A member off loopback keeps `UDP_GRO` through the
+//!   relay (`transport/src/datapath/relay.rs`); these rows show what that is worth.
 //!
 //! Bandwidth is each client's `--json` `bytes_per_s` (its timed window: first post to last
 //! completion); an aggregate is the sum over the four concurrent clients (servers are all up
@@ -37,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
-use roce_testkit::netns::TempNetns;
+use roce_testkit::netns::{NetnsPair, TempNetns};
 use roce_testkit::proc::{wait_listening, Proc};
 use serde_json::{json, Value};
 
@@ -66,9 +71,19 @@ enum Mode {
     Forwarding,
 }
 
+/// Where a scenario's pairs talk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Link {
+    /// Servers and clients in one namespace, over loopback addresses.
+    Lo,
+    /// Servers in one namespace, clients in another, over a veth pair (MTU 9000).
+    Veth,
+}
+
 struct Scenario {
     id: &'static str,
     mode: Mode,
+    link: Link,
     pairs: usize,
     what: &'static str,
 }
@@ -77,100 +92,231 @@ const SCENARIOS: &[Scenario] = &[
     Scenario {
         id: "excl-1",
         mode: Mode::Exclusive,
+        link: Link::Lo,
         pairs: 1,
         what: "1 pair, exclusive devices on 127.0.0.1 and .2",
     },
     Scenario {
         id: "demux-1",
         mode: Mode::Demux,
+        link: Link::Lo,
         pairs: 1,
         what: "1 pair through the daemon, kernel demux, both on 127.0.0.1",
     },
     Scenario {
         id: "fwd-1",
         mode: Mode::Forwarding,
+        link: Link::Lo,
         pairs: 1,
         what: "1 pair through the daemon, forwarding, both on 127.0.0.1",
     },
     Scenario {
         id: "excl-4",
         mode: Mode::Exclusive,
+        link: Link::Lo,
         pairs: 4,
         what: "4 pairs at once, exclusive, on 127.0.0.1–8",
     },
     Scenario {
         id: "demux-4",
         mode: Mode::Demux,
+        link: Link::Lo,
         pairs: 4,
         what: "4 pairs at once through the daemon, kernel demux, all on 127.0.0.1",
     },
     Scenario {
         id: "fwd-4",
         mode: Mode::Forwarding,
+        link: Link::Lo,
         pairs: 4,
         what: "4 pairs at once through the daemon, forwarding, all on 127.0.0.1",
     },
+    Scenario {
+        id: "excl-veth-1",
+        mode: Mode::Exclusive,
+        link: Link::Veth,
+        pairs: 1,
+        what: "1 pair over a veth (MTU 9000), exclusive devices, one address on each side",
+    },
+    Scenario {
+        id: "demux-veth-1",
+        mode: Mode::Demux,
+        link: Link::Veth,
+        pairs: 1,
+        what: "1 pair over the veth through a kernel-demux daemon on each side",
+    },
+    Scenario {
+        id: "excl-veth-4",
+        mode: Mode::Exclusive,
+        link: Link::Veth,
+        pairs: 4,
+        what: "4 pairs at once over the veth, exclusive, on 4 addresses each side",
+    },
+    Scenario {
+        id: "demux-veth-4",
+        mode: Mode::Demux,
+        link: Link::Veth,
+        pairs: 4,
+        what: "4 pairs at once over the veth through the daemons, one address each side",
+    },
 ];
 
-/// A namespace, with a daemon in it for the daemon modes.
-struct Place {
-    /// Dropped (killed) before the namespace goes.
-    daemon: Option<Proc>,
+/// One side of a place: a namespace, and the daemon socket there (daemon modes).
+struct End {
+    ns: String,
     socket: Option<PathBuf>,
-    ns: TempNetns,
+}
+
+/// Where a scenario's pairs run: the namespaces, the daemons (daemon modes), the addresses.
+struct Place {
+    /// Dropped (killed) before the namespaces go.
+    daemons: Vec<Proc>,
+    server: End,
+    client: End,
+    /// Address of pair k's server and client.
+    addrs: Vec<(String, String)>,
+    _lo: Option<TempNetns>,
+    _veth: Option<NetnsPair>,
 }
 
 impl Place {
-    fn new(mode: Mode, rocectl: &Path, dir: &Path) -> Result<Self> {
+    fn new(mode: Mode, link: Link, rocectl: &Path, dir: &Path) -> Result<Self> {
         let tag = match mode {
             Mode::Exclusive => "bd-excl",
             Mode::Demux => "bd-demux",
             Mode::Forwarding => "bd-fwd",
         };
-        let ns = TempNetns::create(tag).context("creating a namespace")?;
-        if mode == Mode::Exclusive {
-            return Ok(Self {
-                ns,
-                daemon: None,
+        let pairs = 4;
+        let (lo, veth, server_ns, client_ns, addrs, daemon_addrs) = match link {
+            Link::Lo => {
+                let ns = TempNetns::create(tag).context("creating a namespace")?;
+                let name = ns.name().to_owned();
+                let addrs = (0..pairs)
+                    .map(|k| match mode {
+                        Mode::Exclusive => (
+                            format!("127.0.0.{}", 2 * k + 1),
+                            format!("127.0.0.{}", 2 * k + 2),
+                        ),
+                        _ => ("127.0.0.1".to_owned(), "127.0.0.1".to_owned()),
+                    })
+                    .collect::<Vec<_>>();
+                (
+                    Some(ns),
+                    None,
+                    name.clone(),
+                    name,
+                    addrs,
+                    vec!["127.0.0.1".to_owned()],
+                )
+            }
+            Link::Veth => {
+                let pair = NetnsPair::create_with_mtu(tag, 9000).context("creating a veth pair")?;
+                let (a, b) = (pair.a().ipv4(), pair.b().ipv4());
+                let addrs = (0..pairs)
+                    .map(|k| {
+                        if mode != Mode::Exclusive || k == 0 {
+                            return (a.to_string(), b.to_string());
+                        }
+                        let o = a.octets();
+                        let (sa, sb) = (
+                            format!("{}.{}.{}.{}", o[0], o[1], o[2], 10 + k),
+                            format!("{}.{}.{}.{}", o[0], o[1], o[2], 20 + k),
+                        );
+                        (sa, sb)
+                    })
+                    .collect::<Vec<_>>();
+                for (k, (sa, sb)) in addrs.iter().enumerate().skip(1) {
+                    if mode != Mode::Exclusive {
+                        break;
+                    }
+                    for (end, addr) in [(pair.a(), sa), (pair.b(), sb)] {
+                        let ok = Command::new("ip")
+                            .args(["-n", end.ns_name(), "addr", "add", &format!("{addr}/24")])
+                            .args(["dev", end.ifname()])
+                            .status()
+                            .is_ok_and(|s| s.success());
+                        if !ok {
+                            bail!("adding address {addr} (pair {k}) failed");
+                        }
+                    }
+                }
+                let (sn, cn) = (pair.a().ns_name().to_owned(), pair.b().ns_name().to_owned());
+                (
+                    None,
+                    Some(pair),
+                    sn,
+                    cn,
+                    addrs,
+                    vec![a.to_string(), b.to_string()],
+                )
+            }
+        };
+        let mut place = Self {
+            daemons: Vec::new(),
+            server: End {
+                ns: server_ns.clone(),
                 socket: None,
-            });
+            },
+            client: End {
+                ns: client_ns.clone(),
+                socket: None,
+            },
+            addrs,
+            _lo: lo,
+            _veth: veth,
+        };
+        if mode == Mode::Exclusive {
+            return Ok(place);
         }
-        let socket = dir.join(format!("{tag}.sock"));
-        let cfg = dir.join(format!("{tag}.toml"));
         let m = if mode == Mode::Demux {
             "kernel-demux"
         } else {
             "forwarding"
         };
-        std::fs::write(
-            &cfg,
-            format!(
-                "address = \"127.0.0.1\"\nmode = \"{m}\"\n[socket]\npath = \"{}\"\n",
-                socket.display()
-            ),
-        )?;
-        let mut cmd = ns.command(&rocectl.display().to_string());
-        cmd.args(["daemon", "--config"]).arg(&cfg);
-        let daemon = Proc::spawn(cmd, tag, dir)?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            if Instant::now() > deadline {
-                bail!("the {m} daemon did not start: {}", daemon.stderr_so_far());
+        let nss = if server_ns == client_ns {
+            vec![server_ns]
+        } else {
+            vec![server_ns, client_ns]
+        };
+        let mut sockets = Vec::new();
+        for (i, (ns, addr)) in nss.iter().zip(&daemon_addrs).enumerate() {
+            let name = format!("{tag}-{link:?}-{i}");
+            let socket = dir.join(format!("{name}.sock"));
+            let cfg = dir.join(format!("{name}.toml"));
+            let _ = std::fs::remove_file(&socket);
+            std::fs::write(
+                &cfg,
+                format!(
+                    "address = \"{addr}\"\nmode = \"{m}\"\n[socket]\npath = \"{}\"\n",
+                    socket.display()
+                ),
+            )?;
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", ns]).arg(rocectl);
+            cmd.args(["daemon", "--config"]).arg(&cfg);
+            let daemon = Proc::spawn(cmd, &name, dir)?;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+                if Instant::now() > deadline {
+                    bail!("the {m} daemon did not start: {}", daemon.stderr_so_far());
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
-            std::thread::sleep(Duration::from_millis(20));
+            place.daemons.push(daemon);
+            sockets.push(socket);
         }
-        Ok(Self {
-            ns,
-            daemon: Some(daemon),
-            socket: Some(socket),
-        })
+        place.server.socket = sockets.first().cloned();
+        place.client.socket = sockets.last().cloned();
+        Ok(place)
     }
 
-    /// `rocectl ARGS` in this place: through its daemon, or exclusive; under `time` (its
-    /// CPU time on the last line of standard error) when there is one.
-    fn tool(&self, rocectl: &Path, args: &[String]) -> Command {
-        let mut cmd = self.ns.command("env");
-        match &self.socket {
+    /// `rocectl ARGS` on one side: through its daemon, or exclusive; under `time` (its CPU
+    /// time on the last line of standard error) when there is one.
+    fn tool(&self, server: bool, rocectl: &Path, args: &[String]) -> Command {
+        let end = if server { &self.server } else { &self.client };
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &end.ns, "env"]);
+        match &end.socket {
             Some(s) => cmd.arg(format!("ROCECTL_DAEMON_SOCKET={}", s.display())),
             None => cmd.arg("ROCECTL_EXCLUSIVE=1"),
         };
@@ -181,16 +327,30 @@ impl Place {
         cmd
     }
 
-    /// The daemon's CPU time so far (user + system, seconds), if there is a daemon.
+    /// The daemons' CPU time so far (user + system, seconds), if there are daemons.
     fn daemon_cpu(&self) -> Option<f64> {
-        let pid = self.daemon.as_ref()?.pid();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // The fields after the command name (which may hold spaces) start with the state
-        // (field 3); utime and stime are fields 14 and 15, in USER_HZ (100) ticks.
-        let rest = &stat[stat.rfind(')')? + 2..];
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-        Some(ticks / 100.0)
+        if self.daemons.is_empty() {
+            return None;
+        }
+        let mut total = 0.0;
+        for d in &self.daemons {
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", d.pid())).ok()?;
+            // The fields after the command name (which may hold spaces) start with the state
+            // (field 3); utime and stime are fields 14 and 15, in USER_HZ (100) ticks.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            total += f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+        }
+        Some(total / 100.0)
+    }
+}
+
+/// The key of a mode among the places.
+fn mode_key(m: Mode) -> &'static str {
+    match m {
+        Mode::Exclusive => "excl",
+        Mode::Demux => "demux",
+        Mode::Forwarding => "fwd",
     }
 }
 
@@ -237,9 +397,13 @@ fn run(
             "--json".into(),
         ]
     };
-    let addr = |k: usize, server: bool| match sc.mode {
-        Mode::Exclusive => format!("127.0.0.{}", 2 * k + if server { 1 } else { 2 }),
-        _ => "127.0.0.1".to_owned(),
+    let addr = |k: usize, server: bool| {
+        let (s, c) = &place.addrs[k];
+        if server {
+            s.clone()
+        } else {
+            c.clone()
+        }
     };
     let mut servers = Vec::new();
     let mut commands = Vec::new();
@@ -249,7 +413,7 @@ fn run(
         let args = common(addr(k, true), *port);
         commands.push(format!("rocectl {}", args.join(" ")));
         let p = Proc::spawn(
-            place.tool(rocectl, &args),
+            place.tool(true, rocectl, &args),
             &format!("{} server {k}", sc.id),
             dir,
         )?;
@@ -272,7 +436,7 @@ fn run(
         args.push(server_addr);
         commands.push(format!("rocectl {}", args.join(" ")));
         clients.push(Proc::spawn(
-            place.tool(rocectl, &args),
+            place.tool(false, rocectl, &args),
             &format!("{} client {k}", sc.id),
             dir,
         )?);
@@ -359,19 +523,14 @@ fn main() -> Result<()> {
     let t0 = Instant::now();
     let started = date();
     let load_start = loadavg();
-    let places: BTreeMap<&str, Place> = [
-        ("excl", Mode::Exclusive),
-        ("demux", Mode::Demux),
-        ("fwd", Mode::Forwarding),
-    ]
-    .into_iter()
-    .map(|(k, m)| Ok((k, Place::new(m, &rocectl, &dir)?)))
-    .collect::<Result<_>>()?;
-    let place = |m: Mode| match m {
-        Mode::Exclusive => &places["excl"],
-        Mode::Demux => &places["demux"],
-        Mode::Forwarding => &places["fwd"],
-    };
+    let mut places: BTreeMap<(Link, &str), Place> = BTreeMap::new();
+    for sc in SCENARIOS {
+        let key = (sc.link, mode_key(sc.mode));
+        if let std::collections::btree_map::Entry::Vacant(e) = places.entry(key) {
+            e.insert(Place::new(sc.mode, sc.link, &rocectl, &dir)?);
+        }
+    }
+    let place = |sc: &Scenario| &places[&(sc.link, mode_key(sc.mode))];
     // Per scenario: the aggregate of each run, and each run's per-pair figures.
     let mut agg: Vec<Vec<f64>> = SCENARIOS.iter().map(|_| Vec::new()).collect();
     let mut per_pair: Vec<Vec<Vec<f64>>> = SCENARIOS.iter().map(|_| Vec::new()).collect();
@@ -382,7 +541,7 @@ fn main() -> Result<()> {
     let mut port = 18_900;
     for rep in 0..cli.reps {
         for (i, sc) in SCENARIOS.iter().enumerate() {
-            match run(sc, place(sc.mode), &rocectl, &cli, &mut port, &dir) {
+            match run(sc, place(sc), &rocectl, &cli, &mut port, &dir) {
                 Ok(RunResult {
                     bw,
                     cpu,
@@ -454,6 +613,16 @@ fn main() -> Result<()> {
             "forwarding, 4 pairs vs 4 exclusive pairs",
         ),
         ("fwd-4", "demux-4", "forwarding vs kernel demux, 4 pairs"),
+        (
+            "demux-veth-1",
+            "excl-veth-1",
+            "kernel-demux overhead over a veth, 1 pair (goal: ≤ 5%)",
+        ),
+        (
+            "demux-veth-4",
+            "excl-veth-4",
+            "kernel demux over a veth, 4 pairs vs 4 exclusive pairs",
+        ),
     ];
     let mut md = String::new();
     md.push_str("# rocectl benchmarks: many processes on one address through `rocectl daemon`\n\n");
@@ -461,7 +630,8 @@ fn main() -> Result<()> {
         "{started} · {} · {:.0} s · load average {load_start} at the start, {load_end} at the \
          end · {} runs per scenario round-robin, each cell the median (min–max)\n\nGenerated by \
          `cargo run -p roce-benches --release --bin bench-daemon` (see its docs). `rocectl \
-         write-bw -s {} -n {}` pairs over loopback in fresh network namespaces; bandwidth is the \
+         write-bw -s {} -n {}` pairs over loopback in a fresh network namespace, and over a \
+         veth pair (MTU 9000) between two (`-veth-` rows; a daemon on each side); bandwidth is the \
          client's `bytes_per_s` (first post to last completion), summed over the pairs of a \
          scenario that run at once. MB/s = 10^6 B/s. CPU s per GB: user + system time of every \
          process of the run (servers, clients and the daemon's share) per 10^9 bytes written; \

@@ -52,17 +52,21 @@
 //!   receiver as one packet and the program sees only its first segment: every segment went
 //!   to the first one's owner. So in demux mode the `udp` backend cuts a GSO run at every
 //!   change of BTH DestQP.
-//! - **No `UDP_GRO`, except on loopback.** NAPI GRO (a NIC's, or a veth's when GRO or XDP is
-//!   on) looks the socket up without the program (`udp4_gro_lookup_skb` passes no skb, so the
-//!   group picks a member by hash), merges the datagrams of one UDP flow by ports if *that*
-//!   member has `UDP_GRO`, and the merged buffer then goes to the owner of its first datagram:
-//!   one UD QP of a peer sending to two members' QPs is one flow. So members leave GRO off.
-//!   A loopback address is the exception the `udp` backend makes: loopback delivers through
+//! - **`UDP_GRO` with a relay off loopback.** NAPI GRO (a NIC's, or a veth's when GRO or XDP
+//!   is on) looks the socket up without the program (`udp4_gro_lookup_skb` passes no skb, so
+//!   the group picks a member by hash), merges the datagrams of one UDP flow by ports if
+//!   *that* member has `UDP_GRO`, and the merged buffer then goes to the owner of its first
+//!   datagram: one UD QP of a peer sending to two members' QPs is one flow, and so is all the
+//!   traffic of a peer host whose processes share one address. So a member off loopback opens
+//!   through [`super::relay`]: it keeps `UDP_GRO` and hands every datagram of another slot
+//!   that GRO merged into its buffers on to that slot's member (a Unix connection between
+//!   the two; a buffer's first datagram is always the receiver's own). Without it a member
+//!   gets one datagram per receive and the kernel cuts each GSO message from a same-host
+//!   sender: a pair over a veth ran at ~0.68× an exclusive one. When the relay cannot be set
+//!   up (its directory is not safe) the member leaves GRO off ([`super::udp::UdpDatapath::bind_demux`]).
+//!   A loopback address keeps `UDP_GRO` without a relay: loopback delivers through
 //!   `netif_rx`, where no NAPI GRO runs, so the only multi-datagram packets there are a local
-//!   sender's GSO messages, which never mix destination QPs (the rule above), and a member on
-//!   loopback keeps `UDP_GRO` (without it the kernel cuts each message and wakes the receiver
-//!   once per datagram: `benches/results/daemon.md` measured the demux pair at 0.65× the
-//!   exclusive one for that reason).
+//!   sender's GSO messages, which never mix destination QPs (the rule above).
 //! - **No raw receive.** A raw IP socket sees every datagram to the address, everybody's; in
 //!   demux mode the `udp` backend receives on its UDP socket only (so the IPv4 ICRC check
 //!   recovers the Identification, see [`super`]).

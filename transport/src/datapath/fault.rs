@@ -257,6 +257,10 @@ impl<D: Datapath> Datapath for FaultInjector<D> {
         self.inner.readiness_fd()
     }
 
+    fn member_socket_fd(&self) -> Option<RawFd> {
+        self.inner.member_socket_fd()
+    }
+
     fn next_wakeup(&self) -> Option<Duration> {
         let held = self
             .held

@@ -51,6 +51,7 @@ pub mod fault;
 pub mod fwdring;
 pub(crate) mod open;
 pub mod raw;
+pub mod relay;
 pub mod sim;
 pub mod udp;
 
@@ -208,6 +209,14 @@ pub trait Datapath: Send + fmt::Debug {
     /// A descriptor that becomes readable when [`Datapath::recv`] may return data (register it
     /// with mio/epoll). `None`: the caller must poll.
     fn readiness_fd(&self) -> Option<RawFd>;
+
+    /// The kernel-demux member socket (the UDP socket in the group's steering map), which
+    /// proves the member's slot to a restarted daemon. Default: the readiness descriptor
+    /// (the `udp` backend's socket); [`relay::RelayDatapath`], whose readiness descriptor is
+    /// an epoll set, returns its UDP socket.
+    fn member_socket_fd(&self) -> Option<RawFd> {
+        self.readiness_fd()
+    }
 
     /// Receive-side losses the engine never saw, for the device counters (a backend that
     /// loses nothing unseen keeps the default: none). May make a system call: call it when

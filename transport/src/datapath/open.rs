@@ -21,11 +21,19 @@ pub(crate) fn udp_demux(
     port: u16,
     demux: &Demux,
 ) -> Result<Box<dyn Datapath>, OpenError> {
-    let dp = super::udp::UdpDatapath::bind_demux(
-        std::net::SocketAddr::new(local, port),
-        super::udp::UdpOptions::default(),
-        demux,
-    )?;
+    let addr = std::net::SocketAddr::new(local, port);
+    let opts = super::udp::UdpOptions::default();
+    // Off loopback: UDP_GRO with the relay for what NAPI GRO merges across members (see
+    // `relay`); without the relay, no GRO. Loopback keeps GRO without a relay (`demux`).
+    if !local.is_loopback() && opts.gro {
+        match super::relay::open(addr, opts, demux) {
+            Ok(dp) => return Ok(Box::new(dp)),
+            Err(super::relay::RelayError::Udp(e)) => return Err(e.into()),
+            // No safe relay directory or socket: correct without GRO, only slower.
+            Err(_) => {}
+        }
+    }
+    let dp = super::udp::UdpDatapath::bind_demux(addr, opts, demux)?;
     Ok(Box::new(dp))
 }
 

@@ -93,9 +93,10 @@
 //! - **Kernel demux** ([`UdpDatapath::bind_demux`], [`super::demux`]): the socket binds with
 //!   `SO_REUSEPORT` into a group of processes sharing `IP:4791` and joins the steering map at
 //!   its slot. Raw receive is not used then (a raw socket sees everybody's datagrams), nor
-//!   `UDP_GRO` except on a loopback address (see [`super::demux`]: GRO merges by ports only,
-//!   but on loopback no NAPI GRO runs, so a multi-datagram packet there is one sender's GSO
-//!   message, cut at DestQP changes as said next). A group's steering program sees only the first
+//!   `UDP_GRO` except on a loopback address or under [`super::relay`] (see [`super::demux`]:
+//!   GRO merges by ports only; on loopback no NAPI GRO runs, so a multi-datagram packet there
+//!   is one sender's GSO message, cut at DestQP changes as said next; elsewhere the relay
+//!   hands on what GRO merged for other members). A group's steering program sees only the first
 //!   datagram of a GSO message that reaches it whole (from a sender on the same host, over
 //!   loopback, a veth or a bridge), so every socket, demux or not, cuts its GSO runs at every
 //!   change of BTH DestQP: a message never carries two destination QPs (the engine sends one
@@ -418,6 +419,24 @@ impl UdpDatapath {
         // GRO only on a loopback address, where no NAPI GRO runs (see the module docs).
         let opts = UdpOptions {
             gro: opts.gro && local.ip().is_loopback(),
+            raw_receive: false,
+            ..opts
+        };
+        Self::open(local, opts, Some(demux))
+    }
+
+    /// As [`UdpDatapath::bind_demux`] but with `UDP_GRO` as `opts` asks, on any address: for
+    /// [`super::relay`], which hands on the datagrams NAPI GRO merged into its buffers for
+    /// other members.
+    ///
+    /// # Errors
+    /// As [`UdpDatapath::bind_demux`].
+    pub fn bind_demux_with_gro(
+        local: SocketAddr,
+        opts: UdpOptions,
+        demux: &Demux,
+    ) -> Result<Self, UdpError> {
+        let opts = UdpOptions {
             raw_receive: false,
             ..opts
         };

@@ -200,7 +200,8 @@ impl Device {
         };
         let fd = engine.datapath().readiness_fd();
         // Kernel demux: the member socket proves the device's slot to a restarted daemon.
-        if let (Some(d), Some(_), Some(raw)) = (&daemon, &demux, fd) {
+        let member = engine.datapath().member_socket_fd();
+        if let (Some(d), Some(_), Some(raw)) = (&daemon, &demux, member) {
             if let Ok(member) = crate::sys::dup_fd(raw) {
                 d.set_member(member);
             }

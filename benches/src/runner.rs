@@ -29,7 +29,7 @@ use crate::blaster::{
     datagram_len, run_pingpong, run_stream, Mode, PingPongConfig, RecvMode, StreamConfig,
     ATOMIC_LEN, PMTUS, UD64_LEN,
 };
-use crate::netns::{Link, VethPair};
+use crate::netns::{Link, PrivateLoopback, VethPair};
 use crate::peers::{self, PeerResult};
 use crate::stats::Summary;
 
@@ -663,7 +663,17 @@ pub fn run(opts: &Options) -> Result<Report> {
         .to_string();
     let t0 = Instant::now();
     let ours = read_ours(&opts.ours_file)?;
-    let lo = Link::loopback();
+    // Loopback in a namespace of its own where we may make one (root), so that nothing else
+    // on the host (another benchmark on 127.0.0.1:4791, say) meets the runs.
+    let private_lo = match PrivateLoopback::create() {
+        Ok(p) => Some(p),
+        Err(e) => {
+            eprintln!("loopback namespace: {e:#}; using the host's loopback");
+            None
+        }
+    };
+    let host_lo = Link::loopback();
+    let lo = private_lo.as_ref().map_or(&host_lo, PrivateLoopback::link);
     let pair = if opts.veth {
         match VethPair::create(9000) {
             Ok(p) => Some(p),
@@ -675,7 +685,7 @@ pub fn run(opts: &Options) -> Result<Report> {
     } else {
         None
     };
-    let mut links = vec![&lo];
+    let mut links = vec![lo];
     links.extend(pair.as_ref().map(VethPair::link));
     let (mut ms, figs) = measurements(&links, opts, &ours);
     let total = ms.len() * opts.reps;

@@ -269,10 +269,13 @@ impl Ipv4IdentSolver {
         let mut delta = u32::from_le_bytes(received) ^ base;
         let basis = self.basis(ip_packet.len());
         let mut unknown = 0u32;
-        // Branch-free: which rows apply is data (random per packet), so branches would
-        // mispredict about half the time.
+        // The basis is fully reduced (each pivot bit is set in its own row only), so whether a
+        // row applies depends on the received difference alone, not on the rows applied
+        // before it: the 16 steps are independent (no chain through `delta`), and branch-free
+        // (which rows apply is random per packet; branches would mispredict half the time).
+        let received_delta = delta;
         for &(pivot, vector, combo) in &basis.rows {
-            let take = 0u32.wrapping_sub(u32::from(delta & pivot != 0));
+            let take = 0u32.wrapping_sub(u32::from(received_delta & pivot != 0));
             delta ^= vector & take;
             unknown ^= combo & take;
         }
@@ -789,6 +792,31 @@ mod tests {
     }
 
     #[cfg(feature = "alloc")]
+    /// The solver's shortcut (each row's use decided by the received difference alone) needs
+    /// a fully reduced basis: every pivot bit set in its own row and in no other.
+    #[test]
+    fn ident_basis_is_fully_reduced() {
+        for ip_len in [44, 45, 64, 100, 1_068, 4_140, 9_000, 16_384] {
+            let basis = IdentBasis::new(ip_len);
+            let mut pivots = 0;
+            for (i, &(pivot, vector, _)) in basis.rows.iter().enumerate() {
+                if pivot == 0 {
+                    assert_eq!(vector, 0, "length {ip_len}: a row without pivot is zero");
+                    continue;
+                }
+                pivots += 1;
+                assert_eq!(pivot.count_ones(), 1);
+                assert_ne!(vector & pivot, 0, "length {ip_len}: row {i} has its pivot");
+                for (j, &(_, other, _)) in basis.rows.iter().enumerate() {
+                    if j != i {
+                        assert_eq!(other & pivot, 0, "length {ip_len}: row {j} has pivot {i}");
+                    }
+                }
+            }
+            assert_eq!(pivots, 16, "length {ip_len}: the 16 bits are independent");
+        }
+    }
+
     proptest! {
         #[test]
         fn ident_solver_recovers_ident_with_df_only(

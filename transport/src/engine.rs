@@ -32,6 +32,8 @@ use std::io::{self, IoSliceMut};
 use std::sync::Arc;
 
 use roce_qp::Instant as QpInstant;
+use roce_wire::aeth::Syndrome;
+use roce_wire::bth;
 use roce_wire::icrc::{Ipv4IdentPatcher, ICRC_LEN};
 
 use crate::capture::CaptureFile;
@@ -302,6 +304,7 @@ impl Engine {
             // all in one call.
             let filled = self.fill(now);
             if self.tx_pending < self.tx_descs.len() {
+                self.acks_last();
                 self.flush(result);
                 if self.tx_pending < self.tx_descs.len() {
                     result.tx_blocked = true;
@@ -348,6 +351,52 @@ impl Engine {
             self.tx_used += desc.len;
         }
         !self.tx_descs.is_empty()
+    }
+
+    /// Moves the plain ACKs at the front of the pending datagrams behind the requests that
+    /// follow them, when nothing but requests follows (their bytes are copied to the end of
+    /// the arena, so the run stays back to back in memory).
+    ///
+    /// The ACK of a message received by a pass that deferred its sending ([`Self::progress`]
+    /// with `defer_tx`) waits in the arena until the application answers. A ping-pong's
+    /// answer then leaves first and its ACK right behind it: the peer's next step waits for
+    /// the answer, so the ACK's own send costs no latency, and the two (same peer, same QP,
+    /// the shorter one last) form one UDP GSO message, which the kernel moves as one packet
+    /// and the peer's GRO socket takes in one receive. Measured on loopback (two processes
+    /// busy polling, 64-byte ping-pong): 2 datagrams per direction in one `sendmmsg` cost
+    /// 12.0 µs per round trip against 7.1 for one, and 7.3 as one GSO message.
+    ///
+    /// IB semantics are kept: an ACK and the requests of the same QP travel in opposite PSN
+    /// spaces, so their relative order means nothing to the peer; an ACK never moves past a
+    /// response or a NAK (whose order against it does matter), and no request moves past
+    /// another. The capture keeps the order the packets were built in.
+    fn acks_last(&mut self) {
+        let pending = &self.tx_descs[self.tx_pending..];
+        let packet = |q: &Queued| &self.tx_arena[q.offset..q.offset + q.desc.len];
+        let acks = pending
+            .iter()
+            .take_while(|q| kind(packet(q)) == Kind::Ack)
+            .count();
+        if acks == 0
+            || acks == pending.len()
+            || !pending[acks..]
+                .iter()
+                .all(|q| kind(packet(q)) == Kind::Request)
+        {
+            return;
+        }
+        let bytes: usize = pending[..acks].iter().map(|q| q.desc.len).sum();
+        if self.tx_arena.len() - self.tx_used < bytes {
+            return;
+        }
+        for q in &mut self.tx_descs[self.tx_pending..self.tx_pending + acks] {
+            let len = q.desc.len;
+            self.tx_arena
+                .copy_within(q.offset..q.offset + len, self.tx_used);
+            q.offset = self.tx_used;
+            self.tx_used += len;
+        }
+        self.tx_descs[self.tx_pending..].rotate_left(acks);
     }
 
     /// Asks the datapath which IPv4 Identification each pending datagram will carry and
@@ -430,5 +479,41 @@ impl Engine {
                 }
             }
         }
+    }
+}
+
+/// What [`Engine::acks_last`] may reorder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// An RC ACK with an ACK syndrome (not a NAK, not an RNR NAK).
+    Ack,
+    /// A request: SEND, WRITE, READ request, atomic, FLUSH, ATOMIC WRITE.
+    Request,
+    /// Anything else (responses, NAKs, CNPs, unknown opcodes).
+    Other,
+}
+
+/// The [`Kind`] of a built packet (BTH .. ICRC).
+fn kind(packet: &[u8]) -> Kind {
+    use roce_wire::opcode::Operation;
+    let Some(&code) = packet.first() else {
+        return Kind::Other;
+    };
+    let Some(info) = roce_wire::Opcode::from_u8(code).info() else {
+        return Kind::Other;
+    };
+    match info.operation {
+        Operation::Acknowledge => match packet.get(bth::HEADER_LEN) {
+            Some(&syndrome) if Syndrome::from_u8(syndrome).is_ack() => Kind::Ack,
+            _ => Kind::Other,
+        },
+        Operation::Send
+        | Operation::Write
+        | Operation::ReadRequest
+        | Operation::CompareSwap
+        | Operation::FetchAdd
+        | Operation::Flush
+        | Operation::AtomicWrite => Kind::Request,
+        Operation::ReadResponse | Operation::AtomicAcknowledge | Operation::Cnp => Kind::Other,
     }
 }

@@ -379,6 +379,38 @@ impl Device {
         self.progress()
     }
 
+    /// [`Self::progress_wait`] for a caller that has just made a pass and found nothing (a
+    /// blocking CQ wait whose poll came back empty): sends what that pass deferred, sleeps
+    /// until the datapath is readable or the next timer (at most `timeout`), then makes
+    /// progress. One receive system call per wait instead of two: the pass `progress_wait`
+    /// starts with would find what the caller's pass found a moment ago. `ready` is checked
+    /// under the engine lock first (lock order engine → CQ): when another thread's pass has
+    /// meanwhile queued what the caller waits for, it returns at once.
+    pub(crate) fn wait_after_pass(&self, timeout: Duration, ready: impl FnOnce() -> bool) {
+        let (fd, deadline) = {
+            let mut e = self.lock_engine();
+            if ready() {
+                return;
+            }
+            if e.tx_waiting() {
+                e.kick();
+            }
+            let deadline = e.next_deadline().map(|d| clock::until(e.now(), d));
+            (e.datapath().readiness_fd(), deadline)
+        };
+        let mut wait = timeout;
+        if let Some(d) = deadline {
+            wait = wait.min(d);
+        }
+        match fd {
+            Some(fd) => {
+                crate::sys::wait_readable(fd, wait);
+            }
+            None => std::thread::sleep(wait.min(Duration::from_millis(1))),
+        }
+        self.progress();
+    }
+
     /// Flushes the capture file, if any.
     ///
     /// # Errors

@@ -83,7 +83,10 @@ impl CompletionQueue {
             }
             match self.dev.shared().progress {
                 crate::Progress::Manual => {
-                    self.dev.progress_wait(deadline - now);
+                    // The poll above made a pass (unless another thread held the engine,
+                    // which is then making progress itself).
+                    self.dev
+                        .wait_after_pass(deadline - now, || !lock(&self.shared.queue).is_empty());
                 }
                 crate::Progress::Thread => {
                     self.dev.app_blocks();

@@ -56,6 +56,36 @@ impl Link {
     }
 }
 
+/// The loopback link inside a namespace of its own (only `lo`, up, 127.0.0.0/8 local):
+/// other programs on the host binding 127.0.0.1:4791 or the bench's TCP ports (another
+/// benchmark, a test) can neither collide with the runs nor share their sockets. Deleted on
+/// drop (and by the signal cleanup).
+#[derive(Debug)]
+pub struct PrivateLoopback {
+    link: Link,
+    _ns: kit::TempNetns,
+}
+
+impl PrivateLoopback {
+    /// Creates the namespace.
+    ///
+    /// # Errors
+    /// When the namespace cannot be made (no root, no `ip`).
+    pub fn create() -> Result<Self> {
+        install_signal_cleanup();
+        let ns = kit::TempNetns::create("bench-lo").context("creating the loopback namespace")?;
+        let mut link = Link::loopback();
+        link.a.ns = Some(ns.name().to_owned());
+        link.b.ns = Some(ns.name().to_owned());
+        Ok(Self { link, _ns: ns })
+    }
+
+    /// The link (named `lo`, both sides in the namespace).
+    pub fn link(&self) -> &Link {
+        &self.link
+    }
+}
+
 impl Side {
     /// Prefix that runs a shell command on this side: `ip netns exec <ns> ` or nothing.
     pub fn exec_prefix(&self) -> String {

@@ -196,6 +196,9 @@ fn several_qps() {
     let (c, s) = pair(60, "write-bw", "-q 3 -n 300 -s 65536 -m 1024", Kind::Bw);
     assert!(c.contains("Number of qps   : 3"), "{c}");
     assert!(s.contains("Number of qps   : 3"), "{s}");
+    // Address lines for each QP, ours and the peer's (perftest prints them per QP).
+    assert_eq!(c.matches(" local address:").count(), 3, "{c}");
+    assert_eq!(c.matches(" remote address:").count(), 3, "{c}");
     assert_eq!(table(&c)[0][..2], [65_536.0, 300.0]);
     assert_eq!(json_num(&c, "iters"), Some(900.0), "{c}");
     assert_eq!(json_num(&c, "qps"), Some(3.0), "{c}");

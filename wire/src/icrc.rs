@@ -112,10 +112,26 @@ impl Icrc {
     /// words and one 8-byte word and stored whole, so the CRC's 16-byte loads are forwarded
     /// from single stores instead of waiting on a dozen small ones (measured 5 ns a packet).
     fn start_ipv4(ip: &[u8; 20], udp: &[u8; UDP_HEADER], bth: &[u8; bth::HEADER_LEN]) -> Self {
+        Self::start_ipv4_with_flags(ip, udp, bth, None)
+    }
+
+    /// [`Self::start_ipv4`], with IPv4 bytes 4..8 (Identification, flags, fragment offset)
+    /// taken from `ident_flags` instead of `ip` when given (the ident solver's zero
+    /// Identification with DF, without copying the header first).
+    fn start_ipv4_with_flags(
+        ip: &[u8; 20],
+        udp: &[u8; UDP_HEADER],
+        bth: &[u8; bth::HEADER_LEN],
+        ident_flags: Option<[u8; 4]>,
+    ) -> Self {
         let i0: [u8; 16] = core::array::from_fn(|k| ip[k]);
         let i1 = [ip[16], ip[17], ip[18], ip[19]];
+        let mut a = u128::from_le_bytes(i0);
+        if let Some(f) = ident_flags {
+            a = a & !(0xFFFF_FFFF << 32) | u128::from(u32::from_le_bytes(f)) << 32;
+        }
         // IPv4 bytes 1 (TOS), 8 (TTL), 10-11 (header checksum).
-        let a = u128::from_le_bytes(i0) | 0xFF << 8 | 0xFF << 64 | 0xFFFF << 80;
+        let a = a | 0xFF << 8 | 0xFF << 64 | 0xFFFF << 80;
         // IPv4 16..20, UDP 0..8 (bytes 6-7: checksum), BTH 0..4.
         let b = u128::from(u32::from_le_bytes(i1))
             | u128::from(u64::from_le_bytes(*udp)) << 32
@@ -256,12 +272,18 @@ impl Ipv4IdentSolver {
         if cfg!(fuzzing) {
             return Some(u16::from_be_bytes([ip_packet[4], ip_packet[5]]));
         }
-        let mut header = [0u8; 20];
-        header.copy_from_slice(&ip_packet[..20]);
-        header[4..6].fill(0);
-        header[6..8].copy_from_slice(&FLAGS_DF);
+        let (Some(header), Some(udp), Some(bth)) = (
+            ip_packet.first_chunk::<20>(),
+            ip_packet[20..].first_chunk::<UDP_HEADER>(),
+            ip_packet[28..].first_chunk::<{ bth::HEADER_LEN }>(),
+        ) else {
+            return None;
+        };
         let end = ip_packet.len() - ICRC_LEN;
-        let mut icrc = Icrc::start(&header, &ip_packet[20..28], &ip_packet[28..40])?;
+        // Identification 0, DF, nothing else (written into the masked prefix directly: a copy
+        // of the header patched bytewise and then loaded as words would stall).
+        let [f0, f1] = FLAGS_DF;
+        let mut icrc = Icrc::start_ipv4_with_flags(header, udp, bth, Some([0, 0, f0, f1]));
         icrc.update(&ip_packet[40..end]);
         let base = u32::from_le_bytes(icrc.finish());
         let mut received = [0u8; ICRC_LEN];
@@ -269,10 +291,13 @@ impl Ipv4IdentSolver {
         let mut delta = u32::from_le_bytes(received) ^ base;
         let basis = self.basis(ip_packet.len());
         let mut unknown = 0u32;
-        // Branch-free: which rows apply is data (random per packet), so branches would
-        // mispredict about half the time.
+        // The basis is fully reduced (each pivot bit is set in its own row only), so whether a
+        // row applies depends on the received difference alone, not on the rows applied
+        // before it: the 16 steps are independent (no chain through `delta`), and branch-free
+        // (which rows apply is random per packet; branches would mispredict half the time).
+        let received_delta = delta;
         for &(pivot, vector, combo) in &basis.rows {
-            let take = 0u32.wrapping_sub(u32::from(delta & pivot != 0));
+            let take = 0u32.wrapping_sub(u32::from(received_delta & pivot != 0));
             delta ^= vector & take;
             unknown ^= combo & take;
         }
@@ -789,6 +814,31 @@ mod tests {
     }
 
     #[cfg(feature = "alloc")]
+    /// The solver's shortcut (each row's use decided by the received difference alone) needs
+    /// a fully reduced basis: every pivot bit set in its own row and in no other.
+    #[test]
+    fn ident_basis_is_fully_reduced() {
+        for ip_len in [44, 45, 64, 100, 1_068, 4_140, 9_000, 16_384] {
+            let basis = IdentBasis::new(ip_len);
+            let mut pivots = 0;
+            for (i, &(pivot, vector, _)) in basis.rows.iter().enumerate() {
+                if pivot == 0 {
+                    assert_eq!(vector, 0, "length {ip_len}: a row without pivot is zero");
+                    continue;
+                }
+                pivots += 1;
+                assert_eq!(pivot.count_ones(), 1);
+                assert_ne!(vector & pivot, 0, "length {ip_len}: row {i} has its pivot");
+                for (j, &(_, other, _)) in basis.rows.iter().enumerate() {
+                    if j != i {
+                        assert_eq!(other & pivot, 0, "length {ip_len}: row {j} has pivot {i}");
+                    }
+                }
+            }
+            assert_eq!(pivots, 16, "length {ip_len}: the 16 bits are independent");
+        }
+    }
+
     proptest! {
         #[test]
         fn ident_solver_recovers_ident_with_df_only(

@@ -212,8 +212,15 @@ impl Session {
             Tool::WriteBw | Tool::WriteLat => AddrStyle::Rdma,
             Tool::ReadBw | Tool::ReadLat => AddrStyle::Read,
         };
+        // Every QP's address lines (-q): ours, then the peer's.
         println!("{}", report::address_lines("local", &mine, style));
+        for (_, rec, _) in &more {
+            println!("{}", report::address_lines("local", rec, style));
+        }
         println!("{}", report::address_lines("remote", &peer, style));
+        for (_, _, theirs) in &more {
+            println!("{}", report::address_lines("remote", theirs, style));
+        }
 
         let mut sizes = cfg.sizes.clone();
         if ud {

@@ -49,15 +49,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::collections::VecDeque;
+
 use roce_transport::{
-    Access, Completion, CompletionQueue, ConnectOptions, Device, Gid, MemoryRegion,
-    ProtectionDomain, Psn, QpConfig, QpInit, QpType, Qpn, QueuePair, RKey, RecvWr, RemoteQp,
-    SendData, SendOp, SendWr, WcOpcode, WcStatus,
+    Access, Completion, CompletionQueue, ConnectOptions, Device, Gid, ProtectionDomain, Psn,
+    QpConfig, QpInit, QpType, Qpn, QueuePair, RKey, RecvWr, RemoteQp, SendData, SendOp, SendWr,
+    WcOpcode, WcStatus,
 };
 
 use crate::codec::{Dec, Enc, Short};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CollError;
+use crate::pinned::{Pinned, SlotMem};
 use crate::reduce::reduce_into;
 use crate::status::Status;
 
@@ -66,9 +69,15 @@ const KIND_CTS: u32 = 1;
 /// The closing notice: a zero-length SEND WITH IMMEDIATE on every QP, after the last data
 /// (see [`Net::close`]).
 const KIND_FIN: u32 = 2;
-/// wr_id flag of the data WRITEs (only the last of a send on each QP is signalled; errors
-/// complete whatever the flag).
+/// wr_id flag of the data WRITEs (the low bits carry the chunk's sequence number). Chunks
+/// sent from the caller's memory in place are all signalled (their bytes may be overwritten
+/// only once they completed); inline ones only the last of a send on each QP. Errors
+/// complete whatever the flag.
 const WR_DATA: u64 = 1 << 63;
+/// Chunks of at least this many bytes are sent from the operation's buffer in place (one
+/// WRITE with a scatter/gather entry into the buffer, registered for the phase), smaller ones
+/// inline (copied into the work request: no registration, no wait for their completion).
+const ZERO_COPY_MIN: usize = 16 << 10;
 /// wr_id flag of the closing notices; the low bits carry the peer.
 const WR_FIN: u64 = 1 << 62;
 
@@ -210,7 +219,11 @@ impl PeerInfo {
 struct Peer {
     qps: Vec<QueuePair>,
     psns: Vec<u32>,
-    rx: MemoryRegion,
+    /// The receive slots (`slots × chunk` bytes), read in place.
+    rx: SlotMem,
+    /// Per QP: every signalled data WRITE on it with a sequence number below this has
+    /// completed (a QP completes in order).
+    qp_done: Vec<u64>,
     remote_addr: u64,
     remote_rkey: RKey,
     tx_seq: u64,
@@ -246,7 +259,7 @@ pub(crate) struct NetConfig {
 pub(crate) struct Net {
     rank: usize,
     cfg: NetConfig,
-    _pd: ProtectionDomain,
+    pd: ProtectionDomain,
     cq: CompletionQueue,
     peers: Vec<Option<Peer>>,
     qpn_peer: HashMap<u32, usize>,
@@ -321,13 +334,14 @@ impl Net {
                 qps.push(qp);
                 psns.push(dev.random_psn() & 0x00ff_ffff);
             }
-            let rx = pd
-                .register_zeroed(
-                    cfg.slots * cfg.chunk,
-                    Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-                )
-                .map_err(|e| terr(format!("registering the receive slots for peer {p}: {e}")))?;
+            let rx = SlotMem::new(
+                &pd,
+                cfg.slots * cfg.chunk,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )
+            .map_err(|e| terr(format!("registering the receive slots for peer {p}: {e}")))?;
             out.push(Some(Peer {
+                qp_done: vec![0; cfg.qps],
                 qps,
                 psns,
                 rx,
@@ -345,7 +359,7 @@ impl Net {
         Ok(Self {
             rank,
             cfg,
-            _pd: pd,
+            pd,
             cq,
             peers: out,
             qpn_peer,
@@ -365,8 +379,8 @@ impl Net {
                 .zip(&peer.psns)
                 .map(|(q, s)| (q.qpn().value(), *s))
                 .collect(),
-            slots_addr: peer.rx.addr(),
-            slots_rkey: peer.rx.rkey().value(),
+            slots_addr: peer.rx.mr().addr(),
+            slots_rkey: peer.rx.mr().rkey().value(),
         })
     }
 
@@ -468,6 +482,7 @@ impl Net {
 
     fn handle(&mut self, wcs: &[Completion]) -> Result<(), (usize, String)> {
         let mut err = None;
+        let nqp = self.cfg.qps as u64;
         for wc in wcs {
             let Some(&p) = self.qpn_peer.get(&wc.qp_num.value()) else {
                 continue;
@@ -481,6 +496,14 @@ impl Net {
                 // Our FIN completed: acknowledged, or the QP failed (the peer is gone
                 // either way as far as closing is concerned).
                 peer.fin_tx = peer.fin_tx.saturating_sub(1);
+                continue;
+            }
+            // A data WRITE completed: its bytes may be overwritten (with a closed peer an
+            // error completes it too: the peer took everything before closing).
+            if wc.wr_id & WR_DATA != 0 && (wc.status == WcStatus::Success || peer.closed()) {
+                let seq = wc.wr_id & !WR_DATA;
+                let q = (seq % nqp) as usize;
+                peer.qp_done[q] = peer.qp_done[q].max(seq + 1);
                 continue;
             }
             if wc.status != WcStatus::Success {
@@ -640,13 +663,21 @@ impl Net {
         let chunk = self.cfg.chunk;
         let slots = self.cfg.slots;
         let nqp = self.cfg.qps;
+        // Bytes of each send posted, and completed (a prefix: what may be overwritten).
         let mut sent = vec![0usize; x.sends.len()];
+        let mut acked = vec![0usize; x.sends.len()];
         let mut send_done = vec![false; x.sends.len()];
         let mut got = vec![0usize; x.recvs.len()];
         let mut recv_done = vec![false; x.recvs.len()];
         let npeers = self.peers.len();
-        let mut sq: Vec<std::collections::VecDeque<usize>> = vec![Default::default(); npeers];
-        let mut rq: Vec<std::collections::VecDeque<usize>> = vec![Default::default(); npeers];
+        let mut sq: Vec<VecDeque<usize>> = vec![VecDeque::new(); npeers];
+        let mut rq: Vec<VecDeque<usize>> = vec![VecDeque::new(); npeers];
+        // Per peer, the chunks posted and not yet known complete: (seq, send, bytes, sent in
+        // place). Inline chunks are complete when posted; they queue behind in-place ones
+        // so that `acked` stays a prefix.
+        let mut inflight: Vec<VecDeque<(u64, usize, usize, bool)>> = vec![VecDeque::new(); npeers];
+        // The operation's buffers registered in place, as the first large chunk of each goes.
+        let mut pins: Vec<Option<Pinned>> = (0..bufs.len()).map(|_| None).collect();
         for (i, s) in x.sends.iter().enumerate() {
             sq[s.peer].push_back(i);
         }
@@ -657,6 +688,24 @@ impl Net {
         loop {
             self.status.check(phase)?;
             let mut progressed = false;
+            // Completed sends: their bytes may be overwritten now.
+            for p in 0..npeers {
+                let Some(peer) = self.peers[p].as_ref() else {
+                    continue;
+                };
+                while let Some(&(seq, i, clen, zc)) = inflight[p].front() {
+                    if zc && seq >= peer.qp_done[(seq % nqp as u64) as usize] {
+                        break;
+                    }
+                    inflight[p].pop_front();
+                    acked[i] += clen;
+                    if acked[i] == x.sends[i].src.len {
+                        send_done[i] = true;
+                        left -= 1;
+                        progressed = true;
+                    }
+                }
+            }
             // Sends: as far as credits and dependencies allow.
             for p in 0..npeers {
                 while let Some(&i) = sq[p].front() {
@@ -676,13 +725,35 @@ impl Net {
                     if !ready || peer.tx_seq >= peer.tx_limit {
                         break;
                     }
-                    // Signalled: the last chunk on each QP (one per QP of the last `nqp`).
-                    let last = (s.src.len - off - clen).div_ceil(chunk) < nqp;
+                    let zc = clen >= ZERO_COPY_MIN;
+                    let data = if zc {
+                        let pin = match &mut pins[s.src.buf] {
+                            Some(pin) => pin,
+                            slot @ None => {
+                                slot.insert(Pinned::new(&self.pd, bufs[s.src.buf]).map_err(
+                                    |e| CollError::Transport {
+                                        rank,
+                                        what: format!(
+                                            "registering a buffer of {} bytes in {}: {e}",
+                                            bufs[s.src.buf].len(),
+                                            phase()
+                                        ),
+                                    },
+                                )?)
+                            }
+                        };
+                        SendData::Sges(vec![pin.mr().sge(a, clen)])
+                    } else {
+                        SendData::Inline(bufs[s.src.buf][a..b].to_vec())
+                    };
+                    // Signalled: every chunk sent in place; of inline ones, the last chunk
+                    // on each QP (one per QP of the last `nqp`).
+                    let last = zc || (s.src.len - off - clen).div_ceil(chunk) < nqp;
                     let seq = peer.tx_seq;
                     let slot = (seq % slots as u64) as usize;
                     let qp = &peer.qps[(seq % nqp as u64) as usize];
                     let wr = SendWr {
-                        data: SendData::Inline(bufs[s.src.buf][a..b].to_vec()),
+                        data,
                         signaled: last,
                         ..SendWr::new(
                             WR_DATA | seq,
@@ -702,10 +773,9 @@ impl Net {
                         })?;
                     peer.tx_seq += 1;
                     sent[i] += clen;
+                    inflight[p].push_back((seq, i, clen, zc));
                     progressed = true;
                     if sent[i] == s.src.len {
-                        send_done[i] = true;
-                        left -= 1;
                         sq[p].pop_front();
                     }
                 }
@@ -743,27 +813,22 @@ impl Net {
                         q.dst.buf != r.dst.buf || overlap_done(a, b, q.dst, got[d], recv_done[d])
                     }) && r.after.iter().all(|&s| {
                         let sx = &x.sends[s];
-                        sx.src.buf != r.dst.buf || overlap_done(a, b, sx.src, sent[s], send_done[s])
+                        sx.src.buf != r.dst.buf
+                            || overlap_done(a, b, sx.src, acked[s], send_done[s])
                     });
                     if !ready {
                         break;
                     }
                     let dst = &mut bufs[r.dst.buf][a..b];
-                    let at = slot * chunk;
-                    let rerr = |e| CollError::Transport {
-                        rank,
-                        what: format!("reading receive slot: {e}"),
-                    };
+                    // The slot is full (its completion was taken) and not granted back
+                    // before it has been applied: read in place.
+                    let incoming = peer.rx.bytes(slot * chunk, clen);
                     match (r.apply, red) {
-                        (Apply::Copy, _) => peer.rx.read(at, dst).map_err(rerr)?,
-                        (Apply::Reduce, Some((dt, op))) => {
-                            let tmp = &mut self.scratch[..clen];
-                            peer.rx.read(at, tmp).map_err(rerr)?;
-                            reduce_into(dt, op, dst, tmp)?;
-                        }
+                        (Apply::Copy, _) => dst.copy_from_slice(incoming),
+                        (Apply::Reduce, Some((dt, op))) => reduce_into(dt, op, dst, incoming)?,
                         (Apply::ReduceIncomingFirst, Some((dt, op))) => {
                             let tmp = &mut self.scratch[..clen];
-                            peer.rx.read(at, tmp).map_err(rerr)?;
+                            tmp.copy_from_slice(incoming);
                             reduce_into(dt, op, tmp, dst)?;
                             dst.copy_from_slice(tmp);
                         }
@@ -798,7 +863,8 @@ impl Net {
                     let peer = rq
                         .iter()
                         .position(|q| !q.is_empty())
-                        .or_else(|| sq.iter().position(|q| !q.is_empty()));
+                        .or_else(|| sq.iter().position(|q| !q.is_empty()))
+                        .or_else(|| inflight.iter().position(|q| !q.is_empty()));
                     // The streams are out of step now (chunks of this operation may still
                     // arrive): later operations must not consume them as their own.
                     self.status.set_failed(

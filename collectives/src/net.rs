@@ -61,7 +61,7 @@ use crate::codec::{Dec, Enc, Short};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CollError;
 use crate::pinned::{Pinned, SlotMem};
-use crate::reduce::reduce_into;
+use crate::reduce::{reduce_into, reduce_many};
 use crate::status::Status;
 
 const KIND_DATA: u32 = 0;
@@ -103,7 +103,12 @@ fn unimm(v: u32) -> (u32, usize, usize) {
     )
 }
 
-/// A region of one of an operation's buffers (0: the caller's; others: temporaries).
+/// The buffer index of an out-of-place operation's source (the caller's send buffer, read
+/// only: sends read it, [`Apply::ReduceFromSource`] folds it in; nothing writes it).
+pub(crate) const SRC: usize = usize::MAX;
+
+/// A region of one of an operation's buffers (0: the caller's; others: temporaries;
+/// [`SRC`]: the read-only source).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Region {
     pub(crate) buf: usize,
@@ -129,6 +134,9 @@ pub(crate) enum Apply {
     Reduce,
     /// `dst = incoming op dst` (the peer's contribution goes first: a canonical order).
     ReduceIncomingFirst,
+    /// `dst = source op incoming`, the source being the same bytes of the [`SRC`] buffer
+    /// (an out-of-place operation's first touch of `dst`: no copy of the source first).
+    ReduceFromSource,
 }
 
 /// One send of a transfer phase.
@@ -616,11 +624,16 @@ impl Net {
 
     /// Runs one transfer phase over `bufs` until done, or fails (timeout at `deadline`,
     /// abort, a failed peer).
-    #[allow(clippy::too_many_lines, clippy::needless_range_loop)]
+    #[allow(
+        clippy::too_many_lines,
+        clippy::needless_range_loop,
+        clippy::too_many_arguments
+    )]
     pub(crate) fn run(
         &mut self,
         x: &Xfer,
         bufs: &mut [&mut [u8]],
+        src: &[u8],
         red: Option<(DataType, ReduceOp)>,
         deadline: Instant,
         timeout: Duration,
@@ -633,8 +646,16 @@ impl Net {
             )))
         };
         // Check the schedule against the buffers and the connections once.
+        let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
+        let blen = |i: usize| {
+            if i == SRC {
+                Some(src.len())
+            } else {
+                lens.get(i).copied()
+            }
+        };
         for s in &x.sends {
-            if bufs.get(s.src.buf).is_none_or(|b| s.src.end() > b.len()) {
+            if blen(s.src.buf).is_none_or(|l| s.src.end() > l) {
                 return inval(format!("send region {:?} out of bounds", s.src));
             }
             if self.peers.get(s.peer).is_none_or(Option::is_none) {
@@ -645,7 +666,9 @@ impl Net {
             }
         }
         for r in &x.recvs {
-            if bufs.get(r.dst.buf).is_none_or(|b| r.dst.end() > b.len()) {
+            if bufs.get(r.dst.buf).is_none_or(|b| r.dst.end() > b.len())
+                || (r.apply == Apply::ReduceFromSource && r.dst.end() > src.len())
+            {
                 return inval(format!("receive region {:?} out of bounds", r.dst));
             }
             if self.peers.get(r.peer).is_none_or(Option::is_none) {
@@ -678,6 +701,7 @@ impl Net {
         let mut inflight: Vec<VecDeque<(u64, usize, usize, bool)>> = vec![VecDeque::new(); npeers];
         // The operation's buffers registered in place, as the first large chunk of each goes.
         let mut pins: Vec<Option<Pinned>> = (0..bufs.len()).map(|_| None).collect();
+        let mut pin_src: Option<Pinned> = None;
         for (i, s) in x.sends.iter().enumerate() {
             sq[s.peer].push_back(i);
         }
@@ -727,22 +751,32 @@ impl Net {
                     }
                     let zc = clen >= ZERO_COPY_MIN;
                     let data = if zc {
-                        let pin = match &mut pins[s.src.buf] {
+                        let held = if s.src.buf == SRC {
+                            &mut pin_src
+                        } else {
+                            &mut pins[s.src.buf]
+                        };
+                        let pin = match held {
                             Some(pin) => pin,
                             slot @ None => {
-                                slot.insert(Pinned::new(&self.pd, bufs[s.src.buf]).map_err(
-                                    |e| CollError::Transport {
-                                        rank,
-                                        what: format!(
-                                            "registering a buffer of {} bytes in {}: {e}",
-                                            bufs[s.src.buf].len(),
-                                            phase()
-                                        ),
-                                    },
-                                )?)
+                                let made = if s.src.buf == SRC {
+                                    Pinned::new_read_only(&self.pd, src)
+                                } else {
+                                    Pinned::new(&self.pd, bufs[s.src.buf])
+                                };
+                                slot.insert(made.map_err(|e| CollError::Transport {
+                                    rank,
+                                    what: format!(
+                                        "registering a buffer of {} bytes in {}: {e}",
+                                        blen(s.src.buf).unwrap_or(0),
+                                        phase()
+                                    ),
+                                })?)
                             }
                         };
                         SendData::Sges(vec![pin.mr().sge(a, clen)])
+                    } else if s.src.buf == SRC {
+                        SendData::Inline(src[a..b].to_vec())
                     } else {
                         SendData::Inline(bufs[s.src.buf][a..b].to_vec())
                     };
@@ -831,6 +865,9 @@ impl Net {
                             tmp.copy_from_slice(incoming);
                             reduce_into(dt, op, tmp, dst)?;
                             dst.copy_from_slice(tmp);
+                        }
+                        (Apply::ReduceFromSource, Some((dt, op))) => {
+                            reduce_many(dt, op, dst, &[&src[a..b], incoming])?;
                         }
                         (_, None) => return inval("reduction without an operator".into()),
                     }

@@ -104,6 +104,21 @@ impl Pinned {
         Ok(Self { mr })
     }
 
+    /// Registers `buf`, which nothing may write, in place: as [`Self::new`] for an
+    /// out-of-place operation's source. The region grants no write access at all (no
+    /// local write, no remote rights), so the transport only ever reads it.
+    pub(crate) fn new_read_only(pd: &ProtectionDomain, buf: &[u8]) -> Result<Self, VerbsError> {
+        let ptr = buf.as_ptr().cast_mut();
+        // SAFETY: `buf` is valid for reads of `buf.len()` bytes for longer than the region
+        // lives (as in `new`). `register_raw` asks for memory valid for writes too, for the
+        // accesses its rights allow; these rights allow none (no LOCAL_WRITE, no remote
+        // access), so the table never writes through this pointer: only the WRITEs this
+        // executor posts read it.
+        #[allow(unsafe_code)]
+        let mr = unsafe { pd.register_raw(ptr, buf.len(), ptr as u64, Access::empty()) }?;
+        Ok(Self { mr })
+    }
+
     /// The region.
     pub(crate) fn mr(&self) -> &MemoryRegion {
         &self.mr

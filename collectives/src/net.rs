@@ -15,8 +15,17 @@
 //! immediate carries `{DATA, slot, length}`; its receive completion tells the receiver the
 //! slot is full.
 //!
-//! Immediate layout: bits 31–30 the kind (0 data, 1 CTS, 2 FIN), 29–24 the slot, 23 the
-//! last chunk of a message, 21–0 the length.
+//! Credits also ride on data: every chunk's immediate carries the slots its sender has
+//! consumed from the receiver since it last granted any (up to 63), so traffic in both
+//! directions (a ring at 2 ranks, recursive doubling's exchanges) needs no CTS messages at
+//! all, and with them no extra packets and no extra wake-ups of the peer. A CTS goes only
+//! when half the slots are held back and nothing is about to leave for that peer, or
+//! before this rank waits while the peer may be out of credits.
+//!
+//! Immediate layout: bits 31–30 the kind (0 data, 1 CTS, 2 FIN), 23 the last chunk of a
+//! message, 21–0 the length (a CTS: the credits it grants); a data chunk's bits 29–24 carry
+//! the credits granted with it. A chunk's slot is not in it: chunks arrive in order on each
+//! QP (RC), so the receiver counts them (chunk `seq` is the `seq / qps`-th on QP `seq % qps`).
 //!
 //! ## Closing
 //!
@@ -90,9 +99,12 @@ pub(crate) const QP_RETRY: u8 = 7;
 
 /// Bit 23 of a data immediate: the last chunk of a message.
 const LAST: u32 = 1 << 23;
+/// The most credits a data chunk carries (bits 29–24 of its immediate).
+const MAX_PIGGYBACK: usize = 0x3f;
 
-fn imm(kind: u32, slot: usize, len: usize) -> u32 {
-    (kind << 30) | ((slot as u32 & 0x3f) << 24) | (len as u32 & 0x3f_ffff)
+/// An immediate: `mid` is a data chunk's piggybacked credits (0 otherwise).
+fn imm(kind: u32, mid: usize, len: usize) -> u32 {
+    (kind << 30) | ((mid as u32 & 0x3f) << 24) | (len as u32 & 0x3f_ffff)
 }
 
 fn unimm(v: u32) -> (u32, usize, usize) {
@@ -239,6 +251,8 @@ struct Peer {
     rx_seq: u64,
     /// Per slot: the length of the chunk in it and whether it ends its message.
     rx_len: Vec<Option<(usize, bool)>>,
+    /// Per QP: the sequence number of the next chunk to arrive on it.
+    rx_next: Vec<u64>,
     /// Slots consumed but not yet granted back (credits are returned in batches).
     cts_pending: usize,
     /// FINs taken from this peer (one per QP: it has closed once all came).
@@ -359,6 +373,7 @@ impl Net {
                 tx_limit: cfg.slots as u64,
                 rx_seq: 0,
                 rx_len: vec![None; cfg.slots],
+                rx_next: (0..cfg.qps as u64).collect(),
                 cts_pending: 0,
                 fin_rx: 0,
                 fin_tx: 0,
@@ -532,17 +547,22 @@ impl Net {
             }
             match wc.opcode {
                 WcOpcode::RecvRdmaWithImm | WcOpcode::Recv => {
-                    let (kind, slot, len) = unimm(wc.imm_data.unwrap_or(u32::MAX));
-                    match kind {
-                        KIND_DATA if slot < self.cfg.slots && len <= self.cfg.chunk => {
+                    let (kind, credits, len) = unimm(wc.imm_data.unwrap_or(u32::MAX));
+                    let q = peer.qps.iter().position(|q| q.qpn() == wc.qp_num);
+                    match (kind, q) {
+                        (KIND_DATA, Some(q)) if len <= self.cfg.chunk => {
+                            let seq = peer.rx_next[q];
+                            peer.rx_next[q] += nqp;
+                            let slot = (seq % self.cfg.slots as u64) as usize;
+                            peer.tx_limit += credits as u64;
                             let last = wc.imm_data.unwrap_or(0) & LAST != 0;
                             if peer.rx_len[slot].replace((len, last)).is_some() {
                                 let why = format!("protocol: slot {slot} written twice");
                                 err.get_or_insert((p, why));
                             }
                         }
-                        KIND_CTS => peer.tx_limit += len as u64,
-                        KIND_FIN => peer.fin_rx += 1,
+                        (KIND_CTS, _) => peer.tx_limit += len as u64,
+                        (KIND_FIN, _) => peer.fin_rx += 1,
                         _ => {
                             err.get_or_insert((
                                 p,
@@ -550,7 +570,7 @@ impl Net {
                             ));
                         }
                     }
-                    if let Some(qp) = peer.qps.iter().find(|q| q.qpn() == wc.qp_num) {
+                    if let Some(qp) = q.map(|q| &peer.qps[q]) {
                         if let Err(e) = qp.post_recv(RecvWr {
                             wr_id: 0,
                             sges: Vec::new(),
@@ -589,8 +609,9 @@ impl Net {
         r.map(|()| n > 0)
     }
 
-    /// Credits are granted back in batches of this many (half the slots): a CTS per
-    /// batch instead of per chunk; whatever is held back goes before this rank waits.
+    /// Credits are granted back in batches of this many (half the slots) when no chunk to
+    /// the peer takes them along: a CTS per batch instead of per chunk (see the module docs
+    /// for what goes before this rank waits).
     fn cts_batch(&self) -> usize {
         (self.cfg.slots / 2).max(1)
     }
@@ -786,6 +807,8 @@ impl Net {
                     let seq = peer.tx_seq;
                     let slot = (seq % slots as u64) as usize;
                     let qp = &peer.qps[(seq % nqp as u64) as usize];
+                    // The credits this rank owes the peer go with the chunk.
+                    let credits = peer.cts_pending.min(MAX_PIGGYBACK);
                     let wr = SendWr {
                         data,
                         signaled: last,
@@ -794,7 +817,7 @@ impl Net {
                             SendOp::RdmaWriteWithImm {
                                 remote_addr: peer.remote_addr + (slot * chunk) as u64,
                                 rkey: peer.remote_rkey,
-                                imm: imm(KIND_DATA, slot, clen)
+                                imm: imm(KIND_DATA, credits, clen)
                                     | if off + clen == s.src.len { LAST } else { 0 },
                             },
                             Vec::new(),
@@ -806,6 +829,7 @@ impl Net {
                             what: format!("posting a WRITE to rank {p} in {}: {e:?}", phase()),
                         })?;
                     peer.tx_seq += 1;
+                    peer.cts_pending -= credits;
                     sent[i] += clen;
                     inflight[p].push_back((seq, i, clen, zc));
                     progressed = true;
@@ -874,7 +898,11 @@ impl Net {
                     peer.rx_len[slot] = None;
                     peer.rx_seq += 1;
                     peer.cts_pending += 1;
-                    if peer.cts_pending >= self.cts_batch() {
+                    // Half the slots held back: grant them now, unless a chunk to this
+                    // peer is about to take them along (one may leave: more to send, and
+                    // credits to send it with).
+                    let can_piggyback = !sq[p].is_empty() && peer.tx_seq < peer.tx_limit;
+                    if peer.cts_pending >= self.cts_batch() && !can_piggyback {
                         self.grant(p).map_err(|what| CollError::Transport {
                             rank,
                             what: format!("{what} in {}", phase()),
@@ -937,13 +965,23 @@ impl Net {
                             .into(),
                     });
                 }
-                // About to wait: every credit held back goes now, so that no peer waits
-                // for one while we wait for it.
+                // About to wait: credits held back go now where half the slots are, or
+                // where the peer may have none left (every slot it may write is full or
+                // consumed here: nothing is on its way), so that no peer waits for one while
+                // we wait for it. The rest ride on the next chunk to the peer.
                 for p in 0..npeers {
-                    self.grant(p).map_err(|what| CollError::Transport {
-                        rank,
-                        what: format!("{what} in {}", phase()),
-                    })?;
+                    let starving = self.peers[p].as_ref().is_some_and(|peer| {
+                        let full = peer.rx_len.iter().filter(|l| l.is_some()).count();
+                        peer.cts_pending > 0
+                            && (peer.cts_pending >= (slots / 2).max(1)
+                                || peer.cts_pending + full >= slots)
+                    });
+                    if starving {
+                        self.grant(p).map_err(|what| CollError::Transport {
+                            rank,
+                            what: format!("{what} in {}", phase()),
+                        })?;
+                    }
                 }
                 self.poll_and_handle(Some((deadline - now).min(Duration::from_millis(10))))
             };

@@ -79,9 +79,8 @@ const KIND_CTS: u32 = 1;
 /// (see [`Net::close`]).
 const KIND_FIN: u32 = 2;
 /// wr_id flag of the data WRITEs (the low bits carry the chunk's sequence number). Chunks
-/// sent from the caller's memory in place are all signalled (their bytes may be overwritten
-/// only once they completed); inline ones only the last of a send on each QP. Errors
-/// complete whatever the flag.
+/// sent from the caller's memory in place are signalled (their bytes may be overwritten
+/// only once they completed); inline ones are not. Errors complete whatever the flag.
 const WR_DATA: u64 = 1 << 63;
 /// Chunks of at least this many bytes are sent from the operation's buffer in place (one
 /// WRITE with a scatter/gather entry into the buffer, registered for the phase), smaller ones
@@ -801,9 +800,11 @@ impl Net {
                     } else {
                         SendData::Inline(bufs[s.src.buf][a..b].to_vec())
                     };
-                    // Signalled: every chunk sent in place; of inline ones, the last chunk
-                    // on each QP (one per QP of the last `nqp`).
-                    let last = zc || (s.src.len - off - clen).div_ceil(chunk) < nqp;
+                    // Signalled: the chunks sent in place (their bytes may be overwritten only
+                    // once they completed). An inline chunk's completion would tell nothing
+                    // (its bytes were copied at the post; the transport retires unsignalled
+                    // requests as they are acknowledged) and would wake this rank for it.
+                    let last = zc;
                     let seq = peer.tx_seq;
                     let slot = (seq % slots as u64) as usize;
                     let qp = &peer.qps[(seq % nqp as u64) as usize];

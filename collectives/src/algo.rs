@@ -8,7 +8,7 @@
 
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CollError;
-use crate::net::{Apply, Region, Xfer};
+use crate::net::{Apply, Region, Xfer, SRC};
 use crate::reduce::{finish, reduce_many};
 
 /// A local step over the buffers.
@@ -78,16 +78,34 @@ fn finish_step(plan: &mut Plan, dt: DataType, op: ReduceOp, n: usize, region: Re
 }
 
 /// Ring reduce-scatter over the blocks `b` of buffer 0, into `x`: rank `r` ends with block
-/// `r` reduced. Returns (the sends, the last receive).
-fn ring_rs(x: &mut Xfer, r: usize, n: usize, b: &[(usize, usize)]) -> (Vec<usize>, Option<usize>) {
+/// `r` reduced. With `from_src` the rank's own contribution is read from the [`SRC`] buffer
+/// (an out-of-place allreduce: the first send goes from it, and every receive writes
+/// `source op incoming` into a block of buffer 0 not yet written), else it is buffer 0's.
+/// Returns (the sends, the last receive).
+fn ring_rs(
+    x: &mut Xfer,
+    r: usize,
+    n: usize,
+    b: &[(usize, usize)],
+    from_src: bool,
+) -> (Vec<usize>, Option<usize>) {
     let (left, right) = ((r + n - 1) % n, (r + 1) % n);
     let mut sends = Vec::new();
     let mut prev = None;
+    let apply = if from_src {
+        Apply::ReduceFromSource
+    } else {
+        Apply::Reduce
+    };
     for k in 0..n - 1 {
         let sb = md(r as isize - k as isize - 1, n);
         let rb = md(r as isize - k as isize - 2, n);
-        sends.push(x.send(right, block(b, sb), prev.into_iter().collect()));
-        prev = Some(x.recv(left, block(b, rb), Apply::Reduce, vec![], vec![]));
+        let mut from = block(b, sb);
+        if from_src && k == 0 {
+            from.buf = SRC;
+        }
+        sends.push(x.send(right, from, prev.into_iter().collect()));
+        prev = Some(x.recv(left, block(b, rb), apply, vec![], vec![]));
     }
     (sends, prev)
 }
@@ -227,7 +245,9 @@ pub(crate) enum Allreduce {
     Direct,
 }
 
-/// Allreduce of buffer 0 (`count` elements).
+/// Allreduce of buffer 0 (`count` elements). With `from_src` (the ring only: see
+/// [`ring_from_source`]) the contributions are read from the [`SRC`] buffer and buffer 0 is
+/// only written (an out-of-place allreduce without a copy first).
 pub(crate) fn allreduce(
     algo: Allreduce,
     dt: DataType,
@@ -235,6 +255,7 @@ pub(crate) fn allreduce(
     r: usize,
     n: usize,
     count: usize,
+    from_src: bool,
 ) -> Plan {
     let es = dt.size();
     let whole = Region::new(0, 0, count * es);
@@ -244,7 +265,7 @@ pub(crate) fn allreduce(
             Allreduce::Ring => {
                 let b = blocks(count, n, es);
                 let mut x = Xfer::default();
-                let (sends, last) = ring_rs(&mut x, r, n, &b);
+                let (sends, last) = ring_rs(&mut x, r, n, &b, from_src);
                 ring_ag(&mut x, r, n, &b, last, &sends);
                 plan.x("allreduce/ring", x);
             }
@@ -347,6 +368,14 @@ pub(crate) fn allreduce(
     plan
 }
 
+/// Whether [`allreduce`] reads an out-of-place operation's source in place for `algo` over
+/// `n` ranks: the ring does (every block of the result is first written by a receive, as
+/// `source op incoming`, or by the allgather's copy); the others want the source copied into
+/// buffer 0 first.
+pub(crate) fn ring_from_source(algo: Allreduce, n: usize) -> bool {
+    algo == Allreduce::Ring && n > 1
+}
+
 /// Reduce-scatter of buffer 0 (`n` blocks of `count` elements): block `r` ends reduced.
 pub(crate) fn reduce_scatter(
     ring: bool,
@@ -362,7 +391,7 @@ pub(crate) fn reduce_scatter(
     if n > 1 {
         if ring {
             let mut x = Xfer::default();
-            ring_rs(&mut x, r, n, &b);
+            ring_rs(&mut x, r, n, &b, false);
             plan.x("reduce_scatter/ring", x);
         } else {
             direct_rs(&mut plan, dt, op, r, n, &b);
@@ -485,7 +514,7 @@ pub(crate) fn reduce(
                 let b = blocks(count, n, es);
                 let mut x = Xfer::default();
                 let (sends, last) = if algo == ReduceAlgo::Ring {
-                    ring_rs(&mut x, r, n, &b)
+                    ring_rs(&mut x, r, n, &b, false)
                 } else {
                     direct_rs(&mut plan, dt, op, r, n, &b);
                     (Vec::new(), None)

@@ -1175,6 +1175,19 @@ impl Shared {
         red: Option<(DataType, ReduceOp)>,
         timeout: Duration,
     ) -> Result<(), CollError> {
+        self.run_src(what, plan, &[], buf, red, timeout)
+    }
+
+    /// [`Self::run`] with a read-only source buffer (`net::SRC` in the plan's regions).
+    fn run_src(
+        &self,
+        what: &str,
+        plan: Plan,
+        src: &[u8],
+        buf: &mut [u8],
+        red: Option<(DataType, ReduceOp)>,
+        timeout: Duration,
+    ) -> Result<(), CollError> {
         let deadline = Instant::now() + timeout;
         let rank = self.rank;
         let phase = || what.to_string();
@@ -1199,7 +1212,7 @@ impl Shared {
                             format!("{what}: {name}")
                         }
                     };
-                    net.run(&x, &mut bufs, red, deadline, timeout, &ph)?;
+                    net.run(&x, &mut bufs, src, red, deadline, timeout, &ph)?;
                 }
                 Phase::Local(f) => f(&mut bufs)?,
             }
@@ -1241,8 +1254,30 @@ impl Shared {
             return self.status.check(&|| "allreduce".into());
         }
         let algo = self.allreduce_algo(buf.len());
-        let plan = algo::allreduce(algo, dt, op, self.rank, self.size, buf.len() / dt.size());
+        let count = buf.len() / dt.size();
+        let plan = algo::allreduce(algo, dt, op, self.rank, self.size, count, false);
         self.run("allreduce", plan, buf, Some((dt, op)), t)
+    }
+
+    /// Out of place: the ring reads `send` where it is (no copy into `recv` first); the
+    /// other algorithms copy it into `recv` and run in place.
+    fn allreduce_out_of_place(
+        &self,
+        dt: DataType,
+        op: ReduceOp,
+        send: &[u8],
+        recv: &mut [u8],
+        t: Duration,
+    ) -> Result<(), CollError> {
+        check_op(dt, op, send.len())?;
+        let algo = self.allreduce_algo(send.len());
+        if send.is_empty() || !algo::ring_from_source(algo, self.size) {
+            recv.copy_from_slice(send);
+            return self.allreduce_in_place(dt, op, recv, t);
+        }
+        let count = send.len() / dt.size();
+        let plan = algo::allreduce(algo, dt, op, self.rank, self.size, count, true);
+        self.run_src("allreduce", plan, send, recv, Some((dt, op)), t)
     }
 
     fn reduce_scatter_in_place(
@@ -1407,9 +1442,8 @@ impl CallScope<'_> {
                 recv.len()
             )));
         }
-        check_op(dt, op, send.len())?;
-        recv.copy_from_slice(send);
-        self.allreduce_in_place_raw(dt, op, recv)
+        self.sh()?
+            .allreduce_out_of_place(dt, op, send, recv, self.timeout)
     }
     /// Allreduce in place.
     ///

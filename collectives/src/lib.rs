@@ -48,9 +48,14 @@
 //! One device per communicator, one protection domain and CQ, `qps_per_peer` RC QPs to every
 //! peer and `slots × chunk` bytes of registered receive slots per peer. The protocol is
 //! receiver-driven as NCCL's net_ib: a sender writes a chunk (one RDMA WRITE WITH IMMEDIATE
-//! carrying `{slot, length}`) only into a slot the receiver has granted; the receiver grants
-//! the slot again (a zero-length SEND WITH IMMEDIATE, the clear-to-send) once it has copied or
-//! reduced the chunk out. Details in the `net` module's source. Collectives are plans of
+//! carrying its length) only into a slot the receiver has granted; the receiver grants the
+//! slot again once it has copied or reduced the chunk out, on the next chunk it sends that
+//! peer (the immediate carries the credits), or when none is about to leave, in a zero-length
+//! SEND WITH IMMEDIATE (the clear-to-send) per half of the slots. Chunks of 16 KiB and more go straight from the operation's buffer
+//! (registered in place for the phase, so no copy into the work request; a phase ends once
+//! they have completed, so the buffer is never overwritten under a WRITE) and the receiver
+//! reduces or copies straight out of the slot (its own memory, registered in place). Details
+//! in the `net` module's source. Collectives are plans of
 //! transfer phases with chunk-level dependencies, so a ring forwards each chunk as soon as
 //! it is reduced (the pipeline overlaps sending, receiving and reducing).
 //!
@@ -121,6 +126,7 @@ pub mod dtype;
 pub mod error;
 mod net;
 pub mod options;
+mod pinned;
 pub mod reduce;
 mod service;
 mod status;

@@ -15,8 +15,17 @@
 //! immediate carries `{DATA, slot, length}`; its receive completion tells the receiver the
 //! slot is full.
 //!
-//! Immediate layout: bits 31–30 the kind (0 data, 1 CTS, 2 FIN), 29–24 the slot, 23 the
-//! last chunk of a message, 21–0 the length.
+//! Credits also ride on data: every chunk's immediate carries the slots its sender has
+//! consumed from the receiver since it last granted any (up to 63), so traffic in both
+//! directions (a ring at 2 ranks, recursive doubling's exchanges) needs no CTS messages at
+//! all, and with them no extra packets and no extra wake-ups of the peer. A CTS goes only
+//! when half the slots are held back and nothing is about to leave for that peer, or
+//! before this rank waits while the peer may be out of credits.
+//!
+//! Immediate layout: bits 31–30 the kind (0 data, 1 CTS, 2 FIN), 23 the last chunk of a
+//! message, 21–0 the length (a CTS: the credits it grants); a data chunk's bits 29–24 carry
+//! the credits granted with it. A chunk's slot is not in it: chunks arrive in order on each
+//! QP (RC), so the receiver counts them (chunk `seq` is the `seq / qps`-th on QP `seq % qps`).
 //!
 //! ## Closing
 //!
@@ -49,16 +58,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::collections::VecDeque;
+
 use roce_transport::{
-    Access, Completion, CompletionQueue, ConnectOptions, Device, Gid, MemoryRegion,
-    ProtectionDomain, Psn, QpConfig, QpInit, QpType, Qpn, QueuePair, RKey, RecvWr, RemoteQp,
-    SendData, SendOp, SendWr, WcOpcode, WcStatus,
+    Access, Completion, CompletionQueue, ConnectOptions, Device, Gid, ProtectionDomain, Psn,
+    QpConfig, QpInit, QpType, Qpn, QueuePair, RKey, RecvWr, RemoteQp, SendData, SendOp, SendWr,
+    WcOpcode, WcStatus,
 };
 
 use crate::codec::{Dec, Enc, Short};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CollError;
-use crate::reduce::reduce_into;
+use crate::pinned::{Pinned, SlotMem};
+use crate::reduce::{reduce_into, reduce_many};
 use crate::status::Status;
 
 const KIND_DATA: u32 = 0;
@@ -66,9 +78,14 @@ const KIND_CTS: u32 = 1;
 /// The closing notice: a zero-length SEND WITH IMMEDIATE on every QP, after the last data
 /// (see [`Net::close`]).
 const KIND_FIN: u32 = 2;
-/// wr_id flag of the data WRITEs (only the last of a send on each QP is signalled; errors
-/// complete whatever the flag).
+/// wr_id flag of the data WRITEs (the low bits carry the chunk's sequence number). Chunks
+/// sent from the caller's memory in place are signalled (their bytes may be overwritten
+/// only once they completed); inline ones are not. Errors complete whatever the flag.
 const WR_DATA: u64 = 1 << 63;
+/// Chunks of at least this many bytes are sent from the operation's buffer in place (one
+/// WRITE with a scatter/gather entry into the buffer, registered for the phase), smaller ones
+/// inline (copied into the work request: no registration, no wait for their completion).
+const ZERO_COPY_MIN: usize = 16 << 10;
 /// wr_id flag of the closing notices; the low bits carry the peer.
 const WR_FIN: u64 = 1 << 62;
 
@@ -81,9 +98,12 @@ pub(crate) const QP_RETRY: u8 = 7;
 
 /// Bit 23 of a data immediate: the last chunk of a message.
 const LAST: u32 = 1 << 23;
+/// The most credits a data chunk carries (bits 29–24 of its immediate).
+const MAX_PIGGYBACK: usize = 0x3f;
 
-fn imm(kind: u32, slot: usize, len: usize) -> u32 {
-    (kind << 30) | ((slot as u32 & 0x3f) << 24) | (len as u32 & 0x3f_ffff)
+/// An immediate: `mid` is a data chunk's piggybacked credits (0 otherwise).
+fn imm(kind: u32, mid: usize, len: usize) -> u32 {
+    (kind << 30) | ((mid as u32 & 0x3f) << 24) | (len as u32 & 0x3f_ffff)
 }
 
 fn unimm(v: u32) -> (u32, usize, usize) {
@@ -94,7 +114,12 @@ fn unimm(v: u32) -> (u32, usize, usize) {
     )
 }
 
-/// A region of one of an operation's buffers (0: the caller's; others: temporaries).
+/// The buffer index of an out-of-place operation's source (the caller's send buffer, read
+/// only: sends read it, [`Apply::ReduceFromSource`] folds it in; nothing writes it).
+pub(crate) const SRC: usize = usize::MAX;
+
+/// A region of one of an operation's buffers (0: the caller's; others: temporaries;
+/// [`SRC`]: the read-only source).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Region {
     pub(crate) buf: usize,
@@ -120,6 +145,9 @@ pub(crate) enum Apply {
     Reduce,
     /// `dst = incoming op dst` (the peer's contribution goes first: a canonical order).
     ReduceIncomingFirst,
+    /// `dst = source op incoming`, the source being the same bytes of the [`SRC`] buffer
+    /// (an out-of-place operation's first touch of `dst`: no copy of the source first).
+    ReduceFromSource,
 }
 
 /// One send of a transfer phase.
@@ -210,7 +238,11 @@ impl PeerInfo {
 struct Peer {
     qps: Vec<QueuePair>,
     psns: Vec<u32>,
-    rx: MemoryRegion,
+    /// The receive slots (`slots × chunk` bytes), read in place.
+    rx: SlotMem,
+    /// Per QP: every signalled data WRITE on it with a sequence number below this has
+    /// completed (a QP completes in order).
+    qp_done: Vec<u64>,
     remote_addr: u64,
     remote_rkey: RKey,
     tx_seq: u64,
@@ -218,6 +250,8 @@ struct Peer {
     rx_seq: u64,
     /// Per slot: the length of the chunk in it and whether it ends its message.
     rx_len: Vec<Option<(usize, bool)>>,
+    /// Per QP: the sequence number of the next chunk to arrive on it.
+    rx_next: Vec<u64>,
     /// Slots consumed but not yet granted back (credits are returned in batches).
     cts_pending: usize,
     /// FINs taken from this peer (one per QP: it has closed once all came).
@@ -246,7 +280,7 @@ pub(crate) struct NetConfig {
 pub(crate) struct Net {
     rank: usize,
     cfg: NetConfig,
-    _pd: ProtectionDomain,
+    pd: ProtectionDomain,
     cq: CompletionQueue,
     peers: Vec<Option<Peer>>,
     qpn_peer: HashMap<u32, usize>,
@@ -321,13 +355,14 @@ impl Net {
                 qps.push(qp);
                 psns.push(dev.random_psn() & 0x00ff_ffff);
             }
-            let rx = pd
-                .register_zeroed(
-                    cfg.slots * cfg.chunk,
-                    Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-                )
-                .map_err(|e| terr(format!("registering the receive slots for peer {p}: {e}")))?;
+            let rx = SlotMem::new(
+                &pd,
+                cfg.slots * cfg.chunk,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )
+            .map_err(|e| terr(format!("registering the receive slots for peer {p}: {e}")))?;
             out.push(Some(Peer {
+                qp_done: vec![0; cfg.qps],
                 qps,
                 psns,
                 rx,
@@ -337,6 +372,7 @@ impl Net {
                 tx_limit: cfg.slots as u64,
                 rx_seq: 0,
                 rx_len: vec![None; cfg.slots],
+                rx_next: (0..cfg.qps as u64).collect(),
                 cts_pending: 0,
                 fin_rx: 0,
                 fin_tx: 0,
@@ -345,7 +381,7 @@ impl Net {
         Ok(Self {
             rank,
             cfg,
-            _pd: pd,
+            pd,
             cq,
             peers: out,
             qpn_peer,
@@ -365,8 +401,8 @@ impl Net {
                 .zip(&peer.psns)
                 .map(|(q, s)| (q.qpn().value(), *s))
                 .collect(),
-            slots_addr: peer.rx.addr(),
-            slots_rkey: peer.rx.rkey().value(),
+            slots_addr: peer.rx.mr().addr(),
+            slots_rkey: peer.rx.mr().rkey().value(),
         })
     }
 
@@ -468,6 +504,7 @@ impl Net {
 
     fn handle(&mut self, wcs: &[Completion]) -> Result<(), (usize, String)> {
         let mut err = None;
+        let nqp = self.cfg.qps as u64;
         for wc in wcs {
             let Some(&p) = self.qpn_peer.get(&wc.qp_num.value()) else {
                 continue;
@@ -481,6 +518,14 @@ impl Net {
                 // Our FIN completed: acknowledged, or the QP failed (the peer is gone
                 // either way as far as closing is concerned).
                 peer.fin_tx = peer.fin_tx.saturating_sub(1);
+                continue;
+            }
+            // A data WRITE completed: its bytes may be overwritten (with a closed peer an
+            // error completes it too: the peer took everything before closing).
+            if wc.wr_id & WR_DATA != 0 && (wc.status == WcStatus::Success || peer.closed()) {
+                let seq = wc.wr_id & !WR_DATA;
+                let q = (seq % nqp) as usize;
+                peer.qp_done[q] = peer.qp_done[q].max(seq + 1);
                 continue;
             }
             if wc.status != WcStatus::Success {
@@ -501,17 +546,22 @@ impl Net {
             }
             match wc.opcode {
                 WcOpcode::RecvRdmaWithImm | WcOpcode::Recv => {
-                    let (kind, slot, len) = unimm(wc.imm_data.unwrap_or(u32::MAX));
-                    match kind {
-                        KIND_DATA if slot < self.cfg.slots && len <= self.cfg.chunk => {
+                    let (kind, credits, len) = unimm(wc.imm_data.unwrap_or(u32::MAX));
+                    let q = peer.qps.iter().position(|q| q.qpn() == wc.qp_num);
+                    match (kind, q) {
+                        (KIND_DATA, Some(q)) if len <= self.cfg.chunk => {
+                            let seq = peer.rx_next[q];
+                            peer.rx_next[q] += nqp;
+                            let slot = (seq % self.cfg.slots as u64) as usize;
+                            peer.tx_limit += credits as u64;
                             let last = wc.imm_data.unwrap_or(0) & LAST != 0;
                             if peer.rx_len[slot].replace((len, last)).is_some() {
                                 let why = format!("protocol: slot {slot} written twice");
                                 err.get_or_insert((p, why));
                             }
                         }
-                        KIND_CTS => peer.tx_limit += len as u64,
-                        KIND_FIN => peer.fin_rx += 1,
+                        (KIND_CTS, _) => peer.tx_limit += len as u64,
+                        (KIND_FIN, _) => peer.fin_rx += 1,
                         _ => {
                             err.get_or_insert((
                                 p,
@@ -519,7 +569,7 @@ impl Net {
                             ));
                         }
                     }
-                    if let Some(qp) = peer.qps.iter().find(|q| q.qpn() == wc.qp_num) {
+                    if let Some(qp) = q.map(|q| &peer.qps[q]) {
                         if let Err(e) = qp.post_recv(RecvWr {
                             wr_id: 0,
                             sges: Vec::new(),
@@ -558,8 +608,9 @@ impl Net {
         r.map(|()| n > 0)
     }
 
-    /// Credits are granted back in batches of this many (half the slots): a CTS per
-    /// batch instead of per chunk; whatever is held back goes before this rank waits.
+    /// Credits are granted back in batches of this many (half the slots) when no chunk to
+    /// the peer takes them along: a CTS per batch instead of per chunk (see the module docs
+    /// for what goes before this rank waits).
     fn cts_batch(&self) -> usize {
         (self.cfg.slots / 2).max(1)
     }
@@ -593,11 +644,16 @@ impl Net {
 
     /// Runs one transfer phase over `bufs` until done, or fails (timeout at `deadline`,
     /// abort, a failed peer).
-    #[allow(clippy::too_many_lines, clippy::needless_range_loop)]
+    #[allow(
+        clippy::too_many_lines,
+        clippy::needless_range_loop,
+        clippy::too_many_arguments
+    )]
     pub(crate) fn run(
         &mut self,
         x: &Xfer,
         bufs: &mut [&mut [u8]],
+        src: &[u8],
         red: Option<(DataType, ReduceOp)>,
         deadline: Instant,
         timeout: Duration,
@@ -610,8 +666,16 @@ impl Net {
             )))
         };
         // Check the schedule against the buffers and the connections once.
+        let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
+        let blen = |i: usize| {
+            if i == SRC {
+                Some(src.len())
+            } else {
+                lens.get(i).copied()
+            }
+        };
         for s in &x.sends {
-            if bufs.get(s.src.buf).is_none_or(|b| s.src.end() > b.len()) {
+            if blen(s.src.buf).is_none_or(|l| s.src.end() > l) {
                 return inval(format!("send region {:?} out of bounds", s.src));
             }
             if self.peers.get(s.peer).is_none_or(Option::is_none) {
@@ -622,7 +686,9 @@ impl Net {
             }
         }
         for r in &x.recvs {
-            if bufs.get(r.dst.buf).is_none_or(|b| r.dst.end() > b.len()) {
+            if bufs.get(r.dst.buf).is_none_or(|b| r.dst.end() > b.len())
+                || (r.apply == Apply::ReduceFromSource && r.dst.end() > src.len())
+            {
                 return inval(format!("receive region {:?} out of bounds", r.dst));
             }
             if self.peers.get(r.peer).is_none_or(Option::is_none) {
@@ -640,13 +706,22 @@ impl Net {
         let chunk = self.cfg.chunk;
         let slots = self.cfg.slots;
         let nqp = self.cfg.qps;
+        // Bytes of each send posted, and completed (a prefix: what may be overwritten).
         let mut sent = vec![0usize; x.sends.len()];
+        let mut acked = vec![0usize; x.sends.len()];
         let mut send_done = vec![false; x.sends.len()];
         let mut got = vec![0usize; x.recvs.len()];
         let mut recv_done = vec![false; x.recvs.len()];
         let npeers = self.peers.len();
-        let mut sq: Vec<std::collections::VecDeque<usize>> = vec![Default::default(); npeers];
-        let mut rq: Vec<std::collections::VecDeque<usize>> = vec![Default::default(); npeers];
+        let mut sq: Vec<VecDeque<usize>> = vec![VecDeque::new(); npeers];
+        let mut rq: Vec<VecDeque<usize>> = vec![VecDeque::new(); npeers];
+        // Per peer, the chunks posted and not yet known complete: (seq, send, bytes, sent in
+        // place). Inline chunks are complete when posted; they queue behind in-place ones
+        // so that `acked` stays a prefix.
+        let mut inflight: Vec<VecDeque<(u64, usize, usize, bool)>> = vec![VecDeque::new(); npeers];
+        // The operation's buffers registered in place, as the first large chunk of each goes.
+        let mut pins: Vec<Option<Pinned>> = (0..bufs.len()).map(|_| None).collect();
+        let mut pin_src: Option<Pinned> = None;
         for (i, s) in x.sends.iter().enumerate() {
             sq[s.peer].push_back(i);
         }
@@ -657,6 +732,24 @@ impl Net {
         loop {
             self.status.check(phase)?;
             let mut progressed = false;
+            // Completed sends: their bytes may be overwritten now.
+            for p in 0..npeers {
+                let Some(peer) = self.peers[p].as_ref() else {
+                    continue;
+                };
+                while let Some(&(seq, i, clen, zc)) = inflight[p].front() {
+                    if zc && seq >= peer.qp_done[(seq % nqp as u64) as usize] {
+                        break;
+                    }
+                    inflight[p].pop_front();
+                    acked[i] += clen;
+                    if acked[i] == x.sends[i].src.len {
+                        send_done[i] = true;
+                        left -= 1;
+                        progressed = true;
+                    }
+                }
+            }
             // Sends: as far as credits and dependencies allow.
             for p in 0..npeers {
                 while let Some(&i) = sq[p].front() {
@@ -676,20 +769,56 @@ impl Net {
                     if !ready || peer.tx_seq >= peer.tx_limit {
                         break;
                     }
-                    // Signalled: the last chunk on each QP (one per QP of the last `nqp`).
-                    let last = (s.src.len - off - clen).div_ceil(chunk) < nqp;
+                    let zc = clen >= ZERO_COPY_MIN;
+                    let data = if zc {
+                        let held = if s.src.buf == SRC {
+                            &mut pin_src
+                        } else {
+                            &mut pins[s.src.buf]
+                        };
+                        let pin = match held {
+                            Some(pin) => pin,
+                            slot @ None => {
+                                let made = if s.src.buf == SRC {
+                                    Pinned::new_read_only(&self.pd, src)
+                                } else {
+                                    Pinned::new(&self.pd, bufs[s.src.buf])
+                                };
+                                slot.insert(made.map_err(|e| CollError::Transport {
+                                    rank,
+                                    what: format!(
+                                        "registering a buffer of {} bytes in {}: {e}",
+                                        blen(s.src.buf).unwrap_or(0),
+                                        phase()
+                                    ),
+                                })?)
+                            }
+                        };
+                        SendData::Sges(vec![pin.mr().sge(a, clen)])
+                    } else if s.src.buf == SRC {
+                        SendData::Inline(src[a..b].to_vec())
+                    } else {
+                        SendData::Inline(bufs[s.src.buf][a..b].to_vec())
+                    };
+                    // Signalled: the chunks sent in place (their bytes may be overwritten only
+                    // once they completed). An inline chunk's completion would tell nothing
+                    // (its bytes were copied at the post; the transport retires unsignalled
+                    // requests as they are acknowledged) and would wake this rank for it.
+                    let last = zc;
                     let seq = peer.tx_seq;
                     let slot = (seq % slots as u64) as usize;
                     let qp = &peer.qps[(seq % nqp as u64) as usize];
+                    // The credits this rank owes the peer go with the chunk.
+                    let credits = peer.cts_pending.min(MAX_PIGGYBACK);
                     let wr = SendWr {
-                        data: SendData::Inline(bufs[s.src.buf][a..b].to_vec()),
+                        data,
                         signaled: last,
                         ..SendWr::new(
                             WR_DATA | seq,
                             SendOp::RdmaWriteWithImm {
                                 remote_addr: peer.remote_addr + (slot * chunk) as u64,
                                 rkey: peer.remote_rkey,
-                                imm: imm(KIND_DATA, slot, clen)
+                                imm: imm(KIND_DATA, credits, clen)
                                     | if off + clen == s.src.len { LAST } else { 0 },
                             },
                             Vec::new(),
@@ -701,11 +830,11 @@ impl Net {
                             what: format!("posting a WRITE to rank {p} in {}: {e:?}", phase()),
                         })?;
                     peer.tx_seq += 1;
+                    peer.cts_pending -= credits;
                     sent[i] += clen;
+                    inflight[p].push_back((seq, i, clen, zc));
                     progressed = true;
                     if sent[i] == s.src.len {
-                        send_done[i] = true;
-                        left -= 1;
                         sq[p].pop_front();
                     }
                 }
@@ -743,36 +872,38 @@ impl Net {
                         q.dst.buf != r.dst.buf || overlap_done(a, b, q.dst, got[d], recv_done[d])
                     }) && r.after.iter().all(|&s| {
                         let sx = &x.sends[s];
-                        sx.src.buf != r.dst.buf || overlap_done(a, b, sx.src, sent[s], send_done[s])
+                        sx.src.buf != r.dst.buf
+                            || overlap_done(a, b, sx.src, acked[s], send_done[s])
                     });
                     if !ready {
                         break;
                     }
                     let dst = &mut bufs[r.dst.buf][a..b];
-                    let at = slot * chunk;
-                    let rerr = |e| CollError::Transport {
-                        rank,
-                        what: format!("reading receive slot: {e}"),
-                    };
+                    // The slot is full (its completion was taken) and not granted back
+                    // before it has been applied: read in place.
+                    let incoming = peer.rx.bytes(slot * chunk, clen);
                     match (r.apply, red) {
-                        (Apply::Copy, _) => peer.rx.read(at, dst).map_err(rerr)?,
-                        (Apply::Reduce, Some((dt, op))) => {
-                            let tmp = &mut self.scratch[..clen];
-                            peer.rx.read(at, tmp).map_err(rerr)?;
-                            reduce_into(dt, op, dst, tmp)?;
-                        }
+                        (Apply::Copy, _) => dst.copy_from_slice(incoming),
+                        (Apply::Reduce, Some((dt, op))) => reduce_into(dt, op, dst, incoming)?,
                         (Apply::ReduceIncomingFirst, Some((dt, op))) => {
                             let tmp = &mut self.scratch[..clen];
-                            peer.rx.read(at, tmp).map_err(rerr)?;
+                            tmp.copy_from_slice(incoming);
                             reduce_into(dt, op, tmp, dst)?;
                             dst.copy_from_slice(tmp);
+                        }
+                        (Apply::ReduceFromSource, Some((dt, op))) => {
+                            reduce_many(dt, op, dst, &[&src[a..b], incoming])?;
                         }
                         (_, None) => return inval("reduction without an operator".into()),
                     }
                     peer.rx_len[slot] = None;
                     peer.rx_seq += 1;
                     peer.cts_pending += 1;
-                    if peer.cts_pending >= self.cts_batch() {
+                    // Half the slots held back: grant them now, unless a chunk to this
+                    // peer is about to take them along (one may leave: more to send, and
+                    // credits to send it with).
+                    let can_piggyback = !sq[p].is_empty() && peer.tx_seq < peer.tx_limit;
+                    if peer.cts_pending >= self.cts_batch() && !can_piggyback {
                         self.grant(p).map_err(|what| CollError::Transport {
                             rank,
                             what: format!("{what} in {}", phase()),
@@ -798,7 +929,8 @@ impl Net {
                     let peer = rq
                         .iter()
                         .position(|q| !q.is_empty())
-                        .or_else(|| sq.iter().position(|q| !q.is_empty()));
+                        .or_else(|| sq.iter().position(|q| !q.is_empty()))
+                        .or_else(|| inflight.iter().position(|q| !q.is_empty()));
                     // The streams are out of step now (chunks of this operation may still
                     // arrive): later operations must not consume them as their own.
                     self.status.set_failed(
@@ -834,13 +966,23 @@ impl Net {
                             .into(),
                     });
                 }
-                // About to wait: every credit held back goes now, so that no peer waits
-                // for one while we wait for it.
+                // About to wait: credits held back go now where half the slots are, or
+                // where the peer may have none left (every slot it may write is full or
+                // consumed here: nothing is on its way), so that no peer waits for one while
+                // we wait for it. The rest ride on the next chunk to the peer.
                 for p in 0..npeers {
-                    self.grant(p).map_err(|what| CollError::Transport {
-                        rank,
-                        what: format!("{what} in {}", phase()),
-                    })?;
+                    let starving = self.peers[p].as_ref().is_some_and(|peer| {
+                        let full = peer.rx_len.iter().filter(|l| l.is_some()).count();
+                        peer.cts_pending > 0
+                            && (peer.cts_pending >= (slots / 2).max(1)
+                                || peer.cts_pending + full >= slots)
+                    });
+                    if starving {
+                        self.grant(p).map_err(|what| CollError::Transport {
+                            rank,
+                            what: format!("{what} in {}", phase()),
+                        })?;
+                    }
                 }
                 self.poll_and_handle(Some((deadline - now).min(Duration::from_millis(10))))
             };

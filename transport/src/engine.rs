@@ -205,6 +205,18 @@ impl Engine {
             self.transmit(now, &mut result);
         }
         self.receive(now, &mut result);
+        if defer_tx
+            && result.received == 0
+            && !self.tx_waiting()
+            && self.ep.poll_timeout().is_none_or(|t| t > now)
+        {
+            // An application's poll that found nothing (one spin of a busy poller): no
+            // packet came in and no timer is due, so no QP has anything new to send (a post
+            // rings its own doorbell); completions made outside a pass (a receive posted to a
+            // QP in the error state) still go to their CQs.
+            self.ep.drain_completions();
+            return result;
+        }
         self.ep.handle_timeouts(now);
         if defer_tx {
             self.transmit_deferred(now);

@@ -233,3 +233,34 @@ fn a_pingpong_sends_each_answer_before_the_ack_it_carries_in_one_gso_message() {
         assert_eq!(c.retransmitted_pkts, 0, "{c:?}");
     }
 }
+
+/// A busy poll that finds nothing to receive still moves completions made outside a pass to
+/// their CQ: a receive posted to a QP in the error state is flushed at once (the engine's
+/// empty-poll shortcut skips timers and transmit, not completions).
+#[test]
+fn an_empty_busy_poll_still_delivers_a_flush_made_outside_a_pass() {
+    let a = side("127.61.0.3");
+    let itself = RemoteQp {
+        qpn: a.qp.qpn(),
+        psn: Psn::new(0),
+        gid: a.dev.local_gid(),
+    };
+    a.qp.connect(&itself, &ConnectOptions::default()).unwrap();
+    let err = roce_transport::QpAttr {
+        state: roce_transport::QpState::Err,
+        ..roce_transport::QpAttr::default()
+    };
+    a.qp.modify(&err, roce_transport::AttrMask::STATE).unwrap();
+    // Anything the error state flushed so far.
+    let mut wc = [Completion::EMPTY; 4];
+    while a.cq.poll(&mut wc) > 0 {}
+    a.post_recv(42);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        if a.cq.poll(&mut wc[..1]) == 1 {
+            assert_eq!((wc[0].wr_id, wc[0].status), (42, WcStatus::WrFlushErr));
+            break;
+        }
+        assert!(Instant::now() < deadline, "the flush never reached the CQ");
+    }
+}

@@ -14,6 +14,8 @@
 //!   restarting a partially acknowledged message at the packet for p and re-requesting only
 //!   the missing part of a READ (rxe `req_retry`).
 
+use std::collections::VecDeque;
+
 use roce_wire::opcode::{ExtHeaders, Operation, Position, Transport};
 use roce_wire::{atomic_eth, bth, feth, ieth, immdt, reth, Ext, Opcode, Psn};
 
@@ -38,6 +40,13 @@ pub(crate) struct Requester {
     rnr_wait: bool,
     /// The go-back-N window (RC): most packets sent past the oldest unacknowledged PSN.
     window: Window,
+    /// The last response PSN of every READ/atomic request sent for the first time (oldest
+    /// first) that may still be re-requested, i.e. that ends at or after the oldest
+    /// unacknowledged PSN. Each one holds a saved resource at the responder
+    /// (`max_dest_rd_atomic` of them, the oldest evicted first), so at most `max_rd_atomic`
+    /// may be outstanding, counting every request of a split READ; and a re-request must lie
+    /// inside one of them, or the responder has nothing to replay it from and drops it.
+    rd_ends: VecDeque<Psn>,
 }
 
 /// The requester's go-back-N window, in packets (additive increase, multiplicative decrease).
@@ -106,6 +115,7 @@ impl Requester {
         self.rnr_wait = false;
         self.since_ack_req = 0;
         self.window.reset(sq_psn.sub(1));
+        self.rd_ends.clear();
     }
 
     /// The completer acknowledged every PSN up to `acked`: the window grows.
@@ -276,6 +286,30 @@ impl Requester {
                         return None;
                     }
                 }
+                if w.wr.op.is_read_or_atomic() {
+                    // Requests ending before the oldest unacknowledged PSN are answered: the
+                    // responder's resources for them are no longer needed.
+                    match cx.sq.una_psn(acked) {
+                        Some(una) => {
+                            while self.rd_ends.front().is_some_and(|e| e.is_before(una)) {
+                                self.rd_ends.pop_front();
+                            }
+                        }
+                        None => self.rd_ends.clear(),
+                    }
+                    // A request sent for the first time takes a responder resource; a
+                    // re-request replays inside one it already holds. Every request of a READ
+                    // split while the window is shrunk counts (IBTA 9.5: max_rd_atomic bounds
+                    // the outstanding READ/atomic requests); one more than the responder keeps
+                    // would evict the oldest, whose lost responses could then never be
+                    // re-requested (RETRY_EXC_ERR after `retry_cnt` ACK timeouts).
+                    let new = w
+                        .first_psn
+                        .is_none_or(|f| !f.add(cx.sq.cur_pkt).is_before(self.high_psn));
+                    if new && self.rd_ends.len() >= usize::from(cx.attr.max_rd_atomic.max(1)) {
+                        return None;
+                    }
+                }
                 if w.wr.op.is_read_or_atomic() && cx.sq.cur_pkt == 0 {
                     let outstanding = cx
                         .sq
@@ -354,11 +388,18 @@ impl Requester {
         let offset = u64::from(pkt) * mtu;
         let (payload_len, psn_span) = match op {
             SendOp::RdmaRead { remote_addr, rkey } => {
-                let span = if split_reads {
+                let mut span = if split_reads {
                     (npkts - pkt).min(READ_SPLIT - pkt % READ_SPLIT)
                 } else {
                     npkts - pkt
                 };
+                if psn.is_before(self.high_psn) {
+                    // A re-request ends where the request it repeats ended: the responder
+                    // replays a duplicate READ only inside one saved resource.
+                    if let Some(end) = self.rd_ends.iter().find(|e| !e.is_before(psn)) {
+                        span = span.min(end.diff(psn) as u32 + 1);
+                    }
+                }
                 let remaining = w.len - offset.min(w.len);
                 let len = if pkt + span >= npkts {
                     remaining
@@ -484,6 +525,9 @@ impl Requester {
                 return None;
             }
         };
+        if op.is_read_or_atomic() && !psn.is_before(self.high_psn) {
+            self.rd_ends.push_back(psn.add(psn_span.max(1) - 1));
+        }
         // Advance.
         if self.next_psn.is_before(self.high_psn) {
             cx.stats.retransmitted_packets += 1;

@@ -321,11 +321,6 @@ impl RelayDatapath {
         self.stats
     }
 
-    /// The UDP datapath underneath.
-    pub fn udp(&self) -> &UdpDatapath {
-        &self.inner
-    }
-
     /// The path of this member's relay socket.
     pub fn relay_path(&self) -> &Path {
         &self.own

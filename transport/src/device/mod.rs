@@ -360,22 +360,9 @@ impl Device {
                 return true;
             }
             // Nothing arrived: send what this or an earlier pass deferred before sleeping.
-            if e.tx_waiting() {
-                e.kick();
-            }
-            let deadline = e.next_deadline().map(|d| clock::until(e.now(), d));
-            (e.datapath().readiness_fd(), deadline)
+            before_sleep(&mut e)
         };
-        let mut wait = timeout;
-        if let Some(d) = deadline {
-            wait = wait.min(d);
-        }
-        match fd {
-            Some(fd) => {
-                crate::sys::wait_readable(fd, wait);
-            }
-            None => std::thread::sleep(wait.min(Duration::from_millis(1))),
-        }
+        sleep_for_input(fd, deadline, timeout);
         self.progress()
     }
 
@@ -392,22 +379,9 @@ impl Device {
             if ready() {
                 return;
             }
-            if e.tx_waiting() {
-                e.kick();
-            }
-            let deadline = e.next_deadline().map(|d| clock::until(e.now(), d));
-            (e.datapath().readiness_fd(), deadline)
+            before_sleep(&mut e)
         };
-        let mut wait = timeout;
-        if let Some(d) = deadline {
-            wait = wait.min(d);
-        }
-        match fd {
-            Some(fd) => {
-                crate::sys::wait_readable(fd, wait);
-            }
-            None => std::thread::sleep(wait.min(Duration::from_millis(1))),
-        }
+        sleep_for_input(fd, deadline, timeout);
         self.progress();
     }
 
@@ -499,6 +473,28 @@ fn open_capture(path: &std::path::Path, dev: &str) -> Result<CaptureFile, OpenEr
         path: text,
         source: e,
     })
+}
+
+/// Before an application thread sleeps on the engine's behalf: sends what a pass deferred,
+/// and says what to sleep on: the datapath's descriptor, and the time to the next QP timer.
+fn before_sleep(e: &mut Engine) -> (Option<std::os::fd::RawFd>, Option<Duration>) {
+    if e.tx_waiting() {
+        e.kick();
+    }
+    let deadline = e.next_deadline().map(|d| clock::until(e.now(), d));
+    (e.datapath().readiness_fd(), deadline)
+}
+
+/// Sleeps until `fd` is readable, `deadline` or `timeout` (whichever comes first); without a
+/// descriptor, at most 1 ms.
+fn sleep_for_input(fd: Option<std::os::fd::RawFd>, deadline: Option<Duration>, timeout: Duration) {
+    let wait = deadline.map_or(timeout, |d| timeout.min(d));
+    match fd {
+        Some(fd) => {
+            crate::sys::wait_readable(fd, wait);
+        }
+        None => std::thread::sleep(wait.min(Duration::from_millis(1))),
+    }
 }
 
 fn open_backend(

@@ -29,6 +29,11 @@ macro_rules! counters {
             pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
                 [$((stringify!($field), self.$field)),*].into_iter()
             }
+
+            /// Adds every counter of `other` to this one (the shards of a device).
+            pub fn add(&mut self, other: &Self) {
+                $(self.$field += other.$field;)*
+            }
         }
     };
 }
@@ -68,6 +73,13 @@ counters! {
         tx_would_block,
         /// Datagrams lost to send errors (unreachable network or host...).
         tx_errors,
+        /// A device with several engines ([`crate::DeviceConfig::engines`]): datagrams this
+        /// engine received for another engine's QP (NAPI GRO merged them into one of its
+        /// buffers) and handed on to that engine. Not in `rx_packets` (the owner counts them).
+        rx_handed_on,
+        /// A device with several engines: datagrams another engine received and handed to this
+        /// one (counted in this engine's `rx_packets`).
+        rx_handed_in,
     }
 }
 

@@ -40,6 +40,7 @@ use crate::capture::CaptureFile;
 use crate::clock::Clock;
 use crate::datapath::{Datapath, RxDrops, RxMeta, TxDatagram};
 use crate::endpoint::{Endpoint, TxDesc, MAX_HEADERS};
+use crate::inbox::{InboxQueue, Route};
 use crate::sys::lock;
 
 /// Datagrams per receive or send batch.
@@ -100,6 +101,10 @@ pub(crate) struct Engine {
     rx_drops_seen: RxDrops,
     /// Rewrites ICRCs for the Identifications the datapath plans (IPv4 GSO segments).
     ident_patcher: Ipv4IdentPatcher,
+    /// A device with several engines: where datagrams of other engines' QPs go
+    /// ([`crate::inbox`]), and the empty buffer this engine's inbox is swapped with.
+    pub(crate) route: Option<Route>,
+    inbox_spare: InboxQueue,
 }
 
 impl Engine {
@@ -142,6 +147,8 @@ impl Engine {
             rx_drops_seen: RxDrops::default(),
             capture: None,
             ident_patcher: Ipv4IdentPatcher::new(),
+            route: None,
+            inbox_spare: InboxQueue::default(),
         }
     }
 
@@ -161,6 +168,9 @@ impl Engine {
         c.rx_packets += malformed;
         c.rx_drop_malformed += malformed;
         c.rx_drop_kernel += now.kernel.saturating_sub(seen.kernel);
+        if let Some(r) = &self.route {
+            c.rx_drop_kernel += r.all[r.me].take_dropped();
+        }
         self.rx_drops_seen = now;
     }
 
@@ -204,6 +214,7 @@ impl Engine {
             // ACK waits at most one pass.
             self.transmit(now, &mut result);
         }
+        self.drain_inbox(now, &mut result);
         self.receive(now, &mut result);
         if defer_tx
             && result.received == 0
@@ -244,7 +255,51 @@ impl Engine {
 
     // ----------------------------------------------------------------- receive --
 
+    /// Handles what other engines of the device handed to this one ([`crate::inbox`]).
+    fn drain_inbox(&mut self, now: QpInstant, result: &mut PassResult) {
+        let Some(route) = &self.route else {
+            return;
+        };
+        if !route.all[route.me].take(&mut self.inbox_spare) {
+            return;
+        }
+        let q = std::mem::take(&mut self.inbox_spare);
+        let slot = &mut self.rx_slots[..self.rx_slot_len];
+        for (meta, start) in &q.items {
+            let len = meta.len;
+            if HEADROOM + len > slot.len() {
+                // Cannot happen (every engine's slots have one size); counted, not handled.
+                self.ep.counters.rx_packets += 1;
+                self.ep.counters.rx_drop_malformed += 1;
+                continue;
+            }
+            slot[HEADROOM..HEADROOM + len].copy_from_slice(&q.bytes[*start..*start + len]);
+            let capture = self.capture.is_some();
+            let frame = self.ep.handle(now, meta, slot, HEADROOM, len, capture);
+            if let (Some(cap), Some(frame)) = (&self.capture, frame) {
+                lock(&cap.0).write(&slot[frame]);
+            }
+            self.ep.counters.rx_handed_in += 1;
+            result.received += 1;
+        }
+        self.inbox_spare = q;
+        self.inbox_spare.clear();
+    }
+
     fn receive(&mut self, now: QpInstant, result: &mut PassResult) {
+        // Engines (< 64, `MAX_ENGINES`) handed a datagram this pass: woken once each at the end.
+        let mut woken = 0u64;
+        self.receive_batches(now, result, &mut woken);
+        if let Some(r) = &self.route {
+            for to in 0..r.all.len().min(64) {
+                if woken & (1u64 << to) != 0 {
+                    r.wake(to);
+                }
+            }
+        }
+    }
+
+    fn receive_batches(&mut self, now: QpInstant, result: &mut PassResult, woken: &mut u64) {
         for _ in 0..RX_BATCHES_PER_PASS {
             let n = {
                 let slot_len = self.rx_slot_len;
@@ -279,6 +334,22 @@ impl Engine {
                 let mut meta = meta;
                 while off < meta.len || std::mem::take(&mut empty) {
                     let seg = stride.min(meta.len - off);
+                    if let Some(r) = &self.route {
+                        let data = &slot[HEADROOM + off..HEADROOM + off + seg];
+                        if let Some(to) = r.owner(data) {
+                            // Another engine's QP (NAPI GRO merged it in): hand it on.
+                            if r.hand_on(to, &meta, data) {
+                                self.ep.counters.rx_handed_on += 1;
+                                *woken |= 1u64 << (to % 64);
+                            }
+                            result.received += 1;
+                            off += stride;
+                            if let Some(v4) = &mut meta.ipv4 {
+                                v4.ident = v4.ident.wrapping_add(1);
+                            }
+                            continue;
+                        }
+                    }
                     let capture = self.capture.is_some();
                     let frame = self
                         .ep

@@ -14,6 +14,10 @@
 //! nor the multicast QPN 0xFF_FFFF), unique among the live QPs, and a freed QPN is not handed
 //! out again until [`QUARANTINE`] later QPs have been destroyed, so a stale packet or a late
 //! peer of a destroyed QP does not land in its successor.
+//!
+//! On a device with `n` engines ([`Ids::set_engines`]) a QPN also says which engine owns the
+//! QP: `QPN % n`. Each new QP goes to the engine with the fewest live QPs (the lowest index
+//! among equals), and its QPN is drawn at random among that engine's.
 
 use std::collections::{HashSet, VecDeque};
 use std::io;
@@ -41,6 +45,8 @@ pub(crate) struct Ids {
     /// Recently freed QPNs, oldest first, and the same as a set.
     recent: VecDeque<u32>,
     recent_set: HashSet<u32>,
+    /// Live QPs per engine (one entry per engine; `[live.len()]` with one engine).
+    per_engine: Vec<u32>,
 }
 
 impl Ids {
@@ -63,6 +69,7 @@ impl Ids {
             live: HashSet::new(),
             recent: VecDeque::new(),
             recent_set: HashSet::new(),
+            per_engine: vec![0],
         })
     }
 
@@ -74,6 +81,16 @@ impl Ids {
             self.min = min;
             self.max = max;
         }
+    }
+
+    /// Spreads QPNs over `n` engines (`QPN % n` is the owner); call before the first QP.
+    pub(crate) fn set_engines(&mut self, n: usize) {
+        self.per_engine = vec![0; n.max(1)];
+    }
+
+    /// The engine that owns `qpn`.
+    pub(crate) fn engine_of(&self, qpn: u32) -> usize {
+        qpn as usize % self.per_engine.len()
     }
 
     /// 64 random bits (the key table's seed).
@@ -89,32 +106,46 @@ impl Ids {
     /// A QPN no live QP has and no recently destroyed QP had; `None` only when every QPN is
     /// live.
     pub(crate) fn alloc_qpn(&mut self) -> Option<u32> {
-        let (min, span) = (self.min, self.max - self.min + 1);
-        let free = |ids: &Self, q: u32| !ids.live.contains(&q) && !ids.recent_set.contains(&q);
-        let mut pick = None;
-        for _ in 0..DRAWS {
-            let q = min + self.rng.next_u32() % span;
-            if free(self, q) {
-                pick = Some(q);
-                break;
-            }
-        }
-        if pick.is_none() {
-            // Nearly full: scan from a random point.
-            let start = self.rng.next_u32() % span;
-            pick = (0..span)
-                .map(|i| min + (start + i) % span)
-                .find(|&q| free(self, q));
-        }
-        if pick.is_none() {
-            // Everything not live is quarantined: reuse the oldest.
-            pick = self.recent.pop_front();
-            if let Some(q) = pick {
-                self.recent_set.remove(&q);
-            }
-        }
-        let q = pick?;
+        let n = self.per_engine.len() as u32;
+        // The least-loaded engine first; any other when its QPNs are all taken.
+        let mut order: Vec<u32> = (0..n).collect();
+        order.sort_by_key(|&e| (self.per_engine[e as usize], e));
+        let q = order.into_iter().find_map(|e| self.alloc_on(e, n))?;
         self.live.insert(q);
+        self.per_engine[(q % n) as usize] += 1;
+        Some(q)
+    }
+
+    /// A free QPN with `QPN % n == engine`, not yet marked live.
+    fn alloc_on(&mut self, engine: u32, n: u32) -> Option<u32> {
+        let (min, max) = (self.min, self.max);
+        let span = max - min + 1;
+        let free = |ids: &Self, q: u32| !ids.live.contains(&q) && !ids.recent_set.contains(&q);
+        // The QPN of `engine`'s residue class at or above `q`, if still in range.
+        let fit = |q: u32| -> Option<u32> {
+            let r = (engine + n - q % n) % n;
+            q.checked_add(r).filter(|&x| x <= max)
+        };
+        for _ in 0..DRAWS {
+            let Some(q) = fit(min + self.rng.next_u32() % span) else {
+                continue;
+            };
+            if free(self, q) {
+                return Some(q);
+            }
+        }
+        // Nearly full: scan from a random point.
+        let start = self.rng.next_u32() % span;
+        if let Some(q) = (0..span)
+            .map(|i| min + (start + i) % span)
+            .find(|&q| q % n == engine && free(self, q))
+        {
+            return Some(q);
+        }
+        // Everything not live is quarantined: reuse the oldest of this engine's.
+        let i = self.recent.iter().position(|&q| q % n == engine)?;
+        let q = self.recent.remove(i)?;
+        self.recent_set.remove(&q);
         Some(q)
     }
 
@@ -123,6 +154,8 @@ impl Ids {
         if !self.live.remove(&qpn) {
             return;
         }
+        let e = self.engine_of(qpn);
+        self.per_engine[e] = self.per_engine[e].saturating_sub(1);
         if self.recent.len() == QUARANTINE {
             if let Some(old) = self.recent.pop_front() {
                 self.recent_set.remove(&old);
@@ -220,6 +253,29 @@ mod tests {
         ids.free_qpn(MIN_QPN + 10); // twice: ignored
         assert_eq!(ids.alloc_qpn(), Some(MIN_QPN + 9));
         assert_eq!(ids.alloc_qpn(), Some(MIN_QPN + 10));
+        assert_eq!(ids.alloc_qpn(), None);
+    }
+
+    /// With 3 engines each QPN's residue names its engine, new QPs go to the least-loaded
+    /// engine (lowest index first), and a freed QPN makes its engine the least loaded again.
+    #[test]
+    fn engines_get_qpns_of_their_residue_least_loaded_first() {
+        let mut ids = Ids::new(None).unwrap();
+        ids.set_engines(3);
+        let got: Vec<u32> = (0..9).map(|_| ids.alloc_qpn().unwrap()).collect();
+        let engines: Vec<u32> = got.iter().map(|q| q % 3).collect();
+        assert_eq!(engines, vec![0, 1, 2, 0, 1, 2, 0, 1, 2], "{got:x?}");
+        assert!(got.iter().all(|q| (MIN_QPN..=MAX_QPN).contains(q)));
+        let on_one = got[4];
+        ids.free_qpn(on_one);
+        assert_eq!(ids.alloc_qpn().unwrap() % 3, 1);
+        // A small range: every QPN of each residue is used before the allocator fails.
+        let mut ids = Ids::new(Some(5)).unwrap();
+        ids.set_engines(2);
+        ids.restrict(0..=0x1F);
+        let mut got: Vec<u32> = (0..16).map(|_| ids.alloc_qpn().unwrap()).collect();
+        got.sort_unstable();
+        assert_eq!(got, (MIN_QPN..=0x1F).collect::<Vec<_>>());
         assert_eq!(ids.alloc_qpn(), None);
     }
 }

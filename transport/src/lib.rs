@@ -68,6 +68,7 @@ mod endpoint;
 mod engine;
 mod error;
 mod ids;
+mod inbox;
 mod sys;
 mod verbs;
 
@@ -83,6 +84,7 @@ pub use cq::AsyncEvent;
 pub use datapath::sim::{LinkConfig, SimNetwork, SimStats};
 pub use device::{
     Backend, Device, DeviceAttr, DeviceCapFlagsEx, DeviceConfig, PortAttr, PortState, Progress,
+    MAX_ENGINES,
 };
 pub use error::{OpenError, VerbsError};
 pub use netdev::{GidEntry, GidType};

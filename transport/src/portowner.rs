@@ -93,6 +93,30 @@ pub(crate) fn udp_socket_uids(addr: SocketAddr) -> Vec<u32> {
     uids
 }
 
+/// The inodes of the UDP sockets bound exactly to `addr` in the calling thread's network
+/// namespace (`/proc/thread-self/net/udp{,6}`); `None` when neither table can be read. For a
+/// sharded device: after binding its reuseport group it checks that the group holds its own
+/// sockets only.
+pub(crate) fn udp_socket_inodes(addr: SocketAddr) -> Option<Vec<u64>> {
+    let mut inodes = Vec::new();
+    let mut read = false;
+    for table in ["/proc/thread-self/net/udp", "/proc/thread-self/net/udp6"] {
+        if let Ok(text) = fs::read_to_string(table) {
+            read = true;
+            inodes.extend(
+                parse_table(&text)
+                    .into_iter()
+                    .filter(|s| s.local == addr)
+                    .map(|s| s.inode),
+            );
+        }
+    }
+    read.then(|| {
+        inodes.sort_unstable();
+        inodes
+    })
+}
+
 /// [`udp_port_owner`] under the `/proc` at `proc`.
 fn owner_in(proc: &Path, addr: SocketAddr) -> PortOwner {
     let mut sockets = Vec::new();

@@ -379,27 +379,30 @@ fn report_loop(shared: &Weak<DeviceShared>, stop: &(Mutex<bool>, Condvar)) {
 
 /// The device's QPs and counters, for the views.
 fn snapshot(s: &DeviceShared) -> Report {
-    let mut e = lock(&s.engine);
-    e.refresh_rx_drops();
-    let mut qps: Vec<QpView> =
-        e.ep.qps
-            .iter()
-            .map(|(&qpn, slot)| {
-                let attr = slot.qp.attr();
-                QpView {
-                    lqpn: qpn,
-                    rqpn: attr.dest_qpn.value(),
-                    qp_type: format!("{:?}", slot.qp.qp_type()).to_uppercase(),
-                    state: format!("{:?}", slot.qp.state()).to_uppercase(),
-                    sq_psn: attr.sq_psn.value(),
-                    rq_psn: attr.rq_psn.value(),
-                }
-            })
-            .collect();
+    // Every engine of the device in turn (a daemon client runs one; see `DeviceConfig::engines`).
+    let mut qps: Vec<QpView> = Vec::new();
+    let mut dev = crate::counters::DeviceCounters::default();
+    let mut stats = Vec::new();
+    for sh in s.shards.iter() {
+        let mut e = lock(&sh.engine);
+        e.refresh_rx_drops();
+        qps.extend(e.ep.qps.iter().map(|(&qpn, slot)| {
+            let attr = slot.qp.attr();
+            QpView {
+                lqpn: qpn,
+                rqpn: attr.dest_qpn.value(),
+                qp_type: format!("{:?}", slot.qp.qp_type()).to_uppercase(),
+                state: format!("{:?}", slot.qp.state()).to_uppercase(),
+                sq_psn: attr.sq_psn.value(),
+                rq_psn: attr.rq_psn.value(),
+            }
+        }));
+        dev.add(&e.ep.counters);
+        stats.extend(e.ep.qps.values().map(|s| s.qp.stats()));
+        stats.extend(e.ep.retired.iter().copied());
+    }
     qps.sort_by_key(|q| q.lqpn);
-    let live: Vec<_> = e.ep.qps.values().map(|s| s.qp.stats()).collect();
-    let counters = Counters::collect(&e.ep.counters, live.iter().chain(e.ep.retired.iter()));
-    drop(e);
+    let counters = Counters::collect(&dev, stats.iter());
     let regions = s.table.regions();
     let mrs = regions
         .iter()

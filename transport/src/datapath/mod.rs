@@ -52,6 +52,7 @@ pub mod fwdring;
 pub(crate) mod open;
 pub mod raw;
 pub mod relay;
+pub(crate) mod shard;
 pub mod sim;
 pub mod udp;
 

@@ -397,7 +397,7 @@ impl UdpDatapath {
     /// not configured here, [`UdpError::UnspecifiedAddr`] for `0.0.0.0`/`::`,
     /// [`UdpError::PermissionDenied`], or [`UdpError::Io`].
     pub fn bind(local: SocketAddr, opts: UdpOptions) -> Result<Self, UdpError> {
-        Self::open(local, opts, None)
+        Self::open(local, opts, None, false)
     }
 
     /// Opens a socket on `local` that shares it with other processes through kernel demux
@@ -422,7 +422,7 @@ impl UdpDatapath {
             raw_receive: false,
             ..opts
         };
-        Self::open(local, opts, Some(demux))
+        Self::open(local, opts, Some(demux), true)
     }
 
     /// As [`UdpDatapath::bind_demux`] but with `UDP_GRO` as `opts` asks, on any address: for
@@ -440,10 +440,29 @@ impl UdpDatapath {
             raw_receive: false,
             ..opts
         };
-        Self::open(local, opts, Some(demux))
+        Self::open(local, opts, Some(demux), true)
     }
 
-    fn open(local: SocketAddr, opts: UdpOptions, demux: Option<&Demux>) -> Result<Self, UdpError> {
+    /// Opens a socket on `local` bound with `SO_REUSEPORT` and no demux group: one of the
+    /// sockets of a device with several engines ([`super::shard`], which steers the group).
+    /// Raw receive is off (a raw socket would see every engine's datagrams).
+    ///
+    /// # Errors
+    /// As [`UdpDatapath::bind`].
+    pub(crate) fn bind_reuseport(local: SocketAddr, opts: UdpOptions) -> Result<Self, UdpError> {
+        let opts = UdpOptions {
+            raw_receive: false,
+            ..opts
+        };
+        Self::open(local, opts, None, true)
+    }
+
+    fn open(
+        local: SocketAddr,
+        opts: UdpOptions,
+        demux: Option<&Demux>,
+        reuse_port: bool,
+    ) -> Result<Self, UdpError> {
         if local.ip().is_unspecified() {
             return Err(UdpError::UnspecifiedAddr { addr: local });
         }
@@ -463,7 +482,7 @@ impl UdpDatapath {
         socket
             .set_reuse_address(false)
             .map_err(io_err("clear SO_REUSEADDR"))?;
-        if demux.is_some() {
+        if reuse_port {
             socket
                 .set_reuse_port(true)
                 .map_err(io_err("set SO_REUSEPORT"))?;

@@ -97,6 +97,10 @@ pub struct DeviceConfig {
     /// The rocectl daemon's socket; default: `ROCECTL_DAEMON_SOCKET`, else
     /// `/run/rocectl/rocectl.sock`.
     pub daemon_socket: Option<PathBuf>,
+    /// How many engines ("shards") drive the device, each with its own lock, datapath socket
+    /// and engine thread, every QP owned by exactly one of them (see [`DeviceConfig::engines`]).
+    /// Default 1.
+    pub engines: usize,
 }
 
 impl DeviceConfig {
@@ -116,6 +120,7 @@ impl DeviceConfig {
             qpn_range: None,
             exclusive: false,
             daemon_socket: None,
+            engines: 1,
         }
     }
 
@@ -272,4 +277,23 @@ impl DeviceConfig {
         self.seed = Some(seed);
         self
     }
+
+    /// Runs the device on `n` engines (clamped to `1..=`[`MAX_ENGINES`]): `n` engine threads,
+    /// `n` UDP sockets on the same `IP:4791` in one `SO_REUSEPORT` group, and the kernel steers
+    /// each datagram to the engine that owns its destination QP (`DestQP % n`; QPNs are
+    /// handed out so that QPN `% n` is the owning engine, QPs spread over the engines,
+    /// least-loaded first). What NAPI GRO merged across engines is handed on in process.
+    ///
+    /// Only where the steering is ours: the `udp` backend of a device that holds its address
+    /// alone (no daemon lease, no kernel demux membership, no forwarding ring). Anywhere else
+    /// the device runs on one engine and says why ([`crate::Device::engines_fallback`]); that
+    /// is not an error, since the result is correct, only not parallel. The library never
+    /// reads the environment for this: the CLI and the drop-in read `ROCECTL_ENGINES`.
+    pub fn engines(mut self, n: usize) -> Self {
+        self.engines = n.clamp(1, MAX_ENGINES);
+        self
+    }
 }
+
+/// The most engines a device runs ([`DeviceConfig::engines`]).
+pub const MAX_ENGINES: usize = 64;

@@ -22,7 +22,7 @@ use roce_qp::verbs::Mtu;
 use roce_wire::Gid;
 
 pub use attr::{DeviceAttr, DeviceCapFlagsEx, PortAttr, PortState};
-pub use config::{Backend, DeviceConfig, Progress};
+pub use config::{Backend, DeviceConfig, Progress, MAX_ENGINES};
 
 use crate::capture::CaptureFile;
 use crate::clock;
@@ -36,11 +36,44 @@ use crate::netdev::NetDevice;
 use crate::sys::lock;
 use thread::{run_thread, DATAPATH, WAKER};
 
+/// One engine of a device ("shard", [`DeviceConfig::engines`]) and what drives it: every QP
+/// with `QPN % n == index` lives in its engine.
+pub(crate) struct Shard {
+    /// The engine lock: see the lock order in `thread.rs`.
+    pub(crate) engine: Mutex<Engine>,
+    /// Wakes this shard's engine thread (`None` with manual progress).
+    waker: Option<Arc<mio::Waker>>,
+    /// When this shard's engine thread plans to wake (ns on the engine clock; 0: not
+    /// sleeping).
+    sleep_until: AtomicU64,
+    /// When an application thread last polled an empty CQ and ran a pass of this shard itself
+    /// (ns since [`thread::epoch`]; 0: never). While that is recent the engine thread steps
+    /// back (see `run_thread`).
+    app_polled: AtomicU64,
+    /// This shard's engine thread, to unpark it from its step-back (see `run_thread`).
+    engine_thread: std::sync::OnceLock<std::thread::Thread>,
+}
+
+impl Shard {
+    fn new(engine: Engine, waker: Option<Arc<mio::Waker>>) -> Self {
+        Self {
+            engine: Mutex::new(engine),
+            waker,
+            sleep_until: AtomicU64::new(0),
+            app_polled: AtomicU64::new(0),
+            engine_thread: std::sync::OnceLock::new(),
+        }
+    }
+}
+
 pub(crate) struct DeviceShared {
     pub(crate) name: String,
     pub(crate) table: Arc<MrTable>,
-    pub(crate) engine: Mutex<Engine>,
-    waker: Option<mio::Waker>,
+    /// The engines, by index; one unless [`DeviceConfig::engines`] asked for more and the
+    /// backend can steer.
+    pub(crate) shards: Box<[Shard]>,
+    /// Why the device runs on one engine although more were asked for.
+    engines_fallback: Option<&'static str>,
     stop: AtomicBool,
     pub(crate) progress: Progress,
     pub(crate) mtu: Mtu,
@@ -54,14 +87,6 @@ pub(crate) struct DeviceShared {
     backend: &'static str,
     local: SocketAddr,
     ip_mtu: usize,
-    /// When the progress thread plans to wake (ns on the engine clock; 0: not sleeping).
-    sleep_until: AtomicU64,
-    /// When an application thread last polled an empty CQ and ran a progress pass itself
-    /// (ns since [`thread::epoch`]; 0: never). While that is recent the engine thread steps
-    /// back (see `run_thread`).
-    pub(crate) app_polled: AtomicU64,
-    /// The engine thread, to unpark it from its step-back (see `run_thread`).
-    pub(crate) engine_thread: std::sync::OnceLock<std::thread::Thread>,
     /// The link to the rocectl daemon, when it serves this device's address.
     pub(crate) daemon: Option<Arc<crate::control::DaemonClient>>,
 }
@@ -73,31 +98,42 @@ impl std::fmt::Debug for DeviceShared {
             .field("backend", &self.backend)
             .field("local", &self.local)
             .field("mtu", &self.mtu)
+            .field("engines", &self.shards.len())
             .finish_non_exhaustive()
+    }
+}
+
+impl DeviceShared {
+    /// The shard that owns QP `qpn`.
+    pub(crate) fn shard_of(&self, qpn: u32) -> &Shard {
+        &self.shards[qpn as usize % self.shards.len()]
     }
 }
 
 #[derive(Debug)]
 struct DeviceHandle {
     shared: Arc<DeviceShared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Drop for DeviceHandle {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.wake();
-        if let Some(t) = lock(&self.thread).take() {
+        for sh in self.shared.shards.iter() {
+            sh.wake();
+        }
+        for t in std::mem::take(&mut *lock(&self.threads)) {
             let _ = t.join();
         }
-        {
+        for sh in self.shared.shards.iter() {
             // Send what application-driven progress deferred (a final ACK).
-            let mut e = lock(&self.shared.engine);
+            let mut e = lock(&sh.engine);
             if e.tx_waiting() {
                 e.kick();
             }
         }
-        if let Some(c) = &lock(&self.shared.engine).capture {
+        // Every shard writes the same capture file.
+        if let Some(c) = &lock(&self.shared.shards[0].engine).capture {
             let _ = lock(&c.0).flush();
         }
     }
@@ -146,9 +182,17 @@ impl Device {
             crate::control::Leased::Demux(d) => (config.backend, Some(d)),
             crate::control::Leased::Ring(dp) => (Backend::Custom(dp), None),
         };
-        let dp = open_backend(backend, demux.as_ref())?;
-        let caps = dp.caps();
-        let local = dp.local_addr();
+        let (engines, engines_fallback) = engines_for(config.engines, &backend, &demux, &daemon);
+        let sharded = match &backend {
+            Backend::Udp { local, port } if engines > 1 => Some((*local, *port)),
+            _ => None,
+        };
+        let mut dps = match sharded {
+            Some((local, port)) => crate::datapath::shard::open_udp(local, port, engines)?,
+            None => vec![open_backend(backend, demux.as_ref())?],
+        };
+        let caps = dps[0].caps();
+        let local = dps[0].local_addr();
         let max_mtu = Mtu::for_netdev_mtu(caps.ip_mtu.min(4096 + 80)).ok_or(
             OpenError::InterfaceMtuTooSmall {
                 ip_mtu: caps.ip_mtu,
@@ -162,7 +206,7 @@ impl Device {
                 max: max_mtu.bytes(),
             });
         }
-        let backend = dp.name();
+        let backend = dps[0].name();
         // The GID table mirrors what rxe builds for the interface that owns our address.
         let netdev: Option<NetDevice> = match backend {
             "udp" | "raw" | "fwd" => crate::netdev::interface_for_addr(local.ip()).ok(),
@@ -176,7 +220,6 @@ impl Device {
             Some(n) => n.gid_table().into_iter().map(|e| e.gid).collect(),
             None => vec![Gid::link_local_from_mac(mac), Gid::from_ip(local.ip())],
         };
-        let mut engine = Engine::new(dp, max_mtu.bytes(), mac, clock);
         let capture = match (
             config.capture,
             config.pcap,
@@ -189,18 +232,34 @@ impl Device {
             }
             _ => None,
         };
-        engine.capture = capture;
-        let poll = match config.progress {
-            Progress::Thread => Some(mio::Poll::new().map_err(OpenError::Io)?),
-            Progress::Manual => None,
-        };
-        let waker = match &poll {
-            Some(p) => Some(mio::Waker::new(p.registry(), WAKER).map_err(OpenError::Io)?),
-            None => None,
-        };
-        let fd = engine.datapath().readiness_fd();
-        // Kernel demux: the member socket proves the device's slot to a restarted daemon.
-        let member = engine.datapath().member_socket_fd();
+        // Per shard: its poll and waker (engine thread), its datapath's descriptor.
+        let mut polls = Vec::with_capacity(engines);
+        let mut wakers = Vec::with_capacity(engines);
+        for _ in 0..engines {
+            let poll = match config.progress {
+                Progress::Thread => Some(mio::Poll::new().map_err(OpenError::Io)?),
+                Progress::Manual => None,
+            };
+            let waker = match &poll {
+                Some(p) => Some(Arc::new(
+                    mio::Waker::new(p.registry(), WAKER).map_err(OpenError::Io)?,
+                )),
+                None => None,
+            };
+            polls.push(poll);
+            wakers.push(waker);
+        }
+        let inboxes: Option<Arc<[crate::inbox::Inbox]>> = (engines > 1).then(|| {
+            wakers
+                .iter()
+                .cloned()
+                .map(crate::inbox::Inbox::new)
+                .collect()
+        });
+        let fds: Vec<_> = dps.iter().map(|d| d.readiness_fd()).collect();
+        // Kernel demux (one engine): the member socket proves the device's slot to a
+        // restarted daemon.
+        let member = dps[0].member_socket_fd();
         if let (Some(d), Some(_), Some(raw)) = (&daemon, &demux, member) {
             if let Ok(member) = crate::sys::dup_fd(raw) {
                 d.set_member(member);
@@ -215,12 +274,27 @@ impl Device {
         if let Some(r) = range {
             ids.restrict(r);
         }
+        ids.set_engines(engines);
         let table_seed = ids.next_u64();
+        let shards: Box<[Shard]> = dps
+            .drain(..)
+            .zip(wakers)
+            .enumerate()
+            .map(|(i, (dp, waker))| {
+                let mut engine = Engine::new(dp, max_mtu.bytes(), mac, clock.clone());
+                engine.capture = capture.clone();
+                engine.route = inboxes.as_ref().map(|all| crate::inbox::Route {
+                    me: i,
+                    all: all.clone(),
+                });
+                Shard::new(engine, waker)
+            })
+            .collect();
         let shared = Arc::new(DeviceShared {
             name: config.name,
             table: Arc::new(MrTable::new(config.max_mr, table_seed)),
-            engine: Mutex::new(engine),
-            waker,
+            shards,
+            engines_fallback,
             stop: AtomicBool::new(false),
             progress: config.progress,
             mtu,
@@ -233,41 +307,74 @@ impl Device {
             backend,
             local,
             ip_mtu: caps.ip_mtu,
-            sleep_until: AtomicU64::new(0),
-            app_polled: AtomicU64::new(0),
-            engine_thread: std::sync::OnceLock::new(),
             daemon,
         });
         if let Some(d) = &shared.daemon {
             d.start_reporter(Arc::downgrade(&shared));
         }
-        let thread = match poll {
-            Some(poll) => {
-                if let Some(fd) = fd {
-                    poll.registry()
-                        .register(
-                            &mut mio::unix::SourceFd(&fd),
-                            DATAPATH,
-                            mio::Interest::READABLE,
-                        )
-                        .map_err(OpenError::Io)?;
-                }
-                let s = shared.clone();
-                Some(
-                    std::thread::Builder::new()
-                        .name(format!("{}-engine", s.name))
-                        .spawn(move || run_thread(&s, poll, fd.is_some()))
-                        .map_err(OpenError::Io)?,
-                )
-            }
-            None => None,
-        };
-        Ok(Self {
+        // The handle first: should a thread fail to start, dropping it stops the others.
+        let dev = Self {
             handle: Arc::new(DeviceHandle {
-                shared,
-                thread: Mutex::new(thread),
+                shared: shared.clone(),
+                threads: Mutex::new(Vec::with_capacity(engines)),
             }),
-        })
+        };
+        for (i, (poll, fd)) in polls.into_iter().zip(fds).enumerate() {
+            let Some(poll) = poll else {
+                continue;
+            };
+            if let Some(fd) = fd {
+                poll.registry()
+                    .register(
+                        &mut mio::unix::SourceFd(&fd),
+                        DATAPATH,
+                        mio::Interest::READABLE,
+                    )
+                    .map_err(OpenError::Io)?;
+            }
+            let s = shared.clone();
+            let name = if engines == 1 {
+                format!("{}-engine", s.name)
+            } else {
+                format!("{}-engine{i}", s.name)
+            };
+            let t = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || run_thread(&s, i, poll, fd.is_some()))
+                .map_err(OpenError::Io)?;
+            lock(&dev.handle.threads).push(t);
+        }
+        Ok(dev)
+    }
+
+    /// How many engines drive the device ([`DeviceConfig::engines`]).
+    pub fn engines(&self) -> usize {
+        self.shared().shards.len()
+    }
+
+    /// Why the device runs on one engine although [`DeviceConfig::engines`] asked for more
+    /// (`None` when it got what it asked for).
+    pub fn engines_fallback(&self) -> Option<&'static str> {
+        self.shared().engines_fallback
+    }
+
+    /// Each engine's device-level counters, by engine index (their sum is
+    /// [`Self::device_counters`]).
+    pub fn engine_counters(&self) -> Vec<DeviceCounters> {
+        self.shared()
+            .shards
+            .iter()
+            .map(|sh| {
+                let mut e = lock(&sh.engine);
+                e.refresh_rx_drops();
+                e.ep.counters
+            })
+            .collect()
+    }
+
+    /// The engine that owns QP `qpn` (`qpn % engines`).
+    pub fn engine_of(&self, qpn: roce_wire::Qpn) -> usize {
+        qpn.value() as usize % self.engines()
     }
 
     pub(crate) fn shared(&self) -> &Arc<DeviceShared> {
@@ -286,36 +393,44 @@ impl Device {
 
     /// Device and QP counters, summed.
     pub fn counters(&self) -> Counters {
-        let mut e = self.lock_engine();
-        e.refresh_rx_drops();
-        let live: Vec<_> = e.ep.qps.values().map(|s| s.qp.stats()).collect();
-        Counters::collect(&e.ep.counters, live.iter().chain(e.ep.retired.iter()))
+        let mut dev = DeviceCounters::default();
+        let mut stats = Vec::new();
+        for sh in self.shared().shards.iter() {
+            let mut e = lock(&sh.engine);
+            e.refresh_rx_drops();
+            dev.add(&e.ep.counters);
+            stats.extend(e.ep.qps.values().map(|s| s.qp.stats()));
+            stats.extend(e.ep.retired.iter().copied());
+        }
+        Counters::collect(&dev, stats.iter())
     }
 
-    /// Device-level counters only.
+    /// Device-level counters only (summed over the engines).
     pub fn device_counters(&self) -> DeviceCounters {
-        let mut e = self.lock_engine();
-        e.refresh_rx_drops();
-        e.ep.counters
+        let mut dev = DeviceCounters::default();
+        for c in self.engine_counters() {
+            dev.add(&c);
+        }
+        dev
     }
 
     /// The last error the engine met that no call returned (a send to an unreachable
     /// network, a QP that entered the error state, a capture write failure), if any.
     pub fn last_error(&self) -> Option<String> {
-        let e = self.lock_engine();
-        e.ep.last_error
-            .clone()
-            .or_else(|| e.capture.as_ref().and_then(|c| lock(&c.0).error.clone()))
+        self.shared().shards.iter().find_map(|sh| {
+            let e = lock(&sh.engine);
+            e.ep.last_error
+                .clone()
+                .or_else(|| e.capture.as_ref().and_then(|c| lock(&c.0).error.clone()))
+        })
     }
 
     /// The next asynchronous event (`ibv_get_async_event`), if any.
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
-        let mut e = self.lock_engine();
-        if e.ep.events.is_empty() {
-            None
-        } else {
-            Some(e.ep.events.remove(0))
-        }
+        self.shared().shards.iter().find_map(|sh| {
+            let mut e = lock(&sh.engine);
+            (!e.ep.events.is_empty()).then(|| e.ep.events.remove(0))
+        })
     }
 
     /// Hands every asynchronous event to `hook` as the engine produces it, instead of keeping
@@ -327,42 +442,70 @@ impl Device {
     /// device or drop the last handle of it. Waking a descriptor is its purpose
     /// (`libibverbs`' `async_fd`).
     pub fn set_async_event_hook(&self, hook: impl Fn(AsyncEvent) + Send + 'static) {
-        let mut e = self.lock_engine();
-        for ev in std::mem::take(&mut e.ep.events) {
-            hook(ev);
+        let shards = &self.shared().shards;
+        if shards.len() == 1 {
+            let mut e = lock(&shards[0].engine);
+            for ev in std::mem::take(&mut e.ep.events) {
+                hook(ev);
+            }
+            e.ep.event_hook = Some(crate::endpoint::EventHook(Box::new(hook)));
+            return;
         }
-        e.ep.event_hook = Some(crate::endpoint::EventHook(Box::new(hook)));
+        // Several engines share the hook; its mutex is a leaf taken under one engine lock.
+        type Hook = Box<dyn Fn(AsyncEvent) + Send>;
+        let hook: Arc<Mutex<Hook>> = Arc::new(Mutex::new(Box::new(hook)));
+        for sh in shards.iter() {
+            let mut e = lock(&sh.engine);
+            for ev in std::mem::take(&mut e.ep.events) {
+                (lock(&hook))(ev);
+            }
+            let h = hook.clone();
+            e.ep.event_hook = Some(crate::endpoint::EventHook(Box::new(move |ev| {
+                (lock(&h))(ev);
+            })));
+        }
     }
 
     /// One non-blocking pass of the engine: receive what is waiting, fire due timers, send,
     /// move completions to their CQs. Returns whether anything was received or sent.
     pub fn progress(&self) -> bool {
         let defer = self.shared().progress == Progress::Manual;
-        let r = self.lock_engine().progress(defer);
-        r.received > 0 || r.sent > 0
+        let mut any = false;
+        for sh in self.shared().shards.iter() {
+            let r = lock(&sh.engine).progress(defer);
+            any |= r.received > 0 || r.sent > 0;
+        }
+        any
     }
 
     /// The next time the device needs a progress pass without new input (a QP timer, a
     /// delayed packet of a fault injector), on its [`crate::clock::Clock`]; `None` when
     /// nothing is pending. For [`Progress::Manual`] devices driven on a virtual clock.
     pub fn poll_timeout(&self) -> Option<clock::Instant> {
-        self.lock_engine().next_deadline()
+        self.shared()
+            .shards
+            .iter()
+            .filter_map(|sh| lock(&sh.engine).next_deadline())
+            .min()
     }
 
     /// Waits up to `timeout` for packets or a timer (whichever first), then makes progress.
     /// For [`Progress::Manual`] devices; harmless on others.
     pub fn progress_wait(&self, timeout: Duration) -> bool {
         let defer = self.shared().progress == Progress::Manual;
-        let (fd, deadline) = {
-            let mut e = self.lock_engine();
-            let r = e.progress(defer);
-            if r.received > 0 {
-                return true;
-            }
-            // Nothing arrived: send what this or an earlier pass deferred before sleeping.
-            before_sleep(&mut e)
-        };
-        sleep_for_input(fd, deadline, timeout);
+        let mut received = false;
+        for sh in self.shared().shards.iter() {
+            received |= lock(&sh.engine).progress(defer).received > 0;
+        }
+        if received {
+            return true;
+        }
+        // Nothing arrived: send what this or an earlier pass deferred before sleeping.
+        let mut sleep = Sleep::default();
+        for sh in self.shared().shards.iter() {
+            sleep.add(before_sleep(&mut lock(&sh.engine)));
+        }
+        sleep.sleep(timeout);
         self.progress()
     }
 
@@ -373,15 +516,16 @@ impl Device {
     /// starts with would find what the caller's pass found a moment ago. `ready` is checked
     /// under the engine lock first (lock order engine → CQ): when another thread's pass has
     /// meanwhile queued what the caller waits for, it returns at once.
-    pub(crate) fn wait_after_pass(&self, timeout: Duration, ready: impl FnOnce() -> bool) {
-        let (fd, deadline) = {
-            let mut e = self.lock_engine();
+    pub(crate) fn wait_after_pass(&self, timeout: Duration, ready: impl Fn() -> bool) {
+        let mut sleep = Sleep::default();
+        for sh in self.shared().shards.iter() {
+            let mut e = lock(&sh.engine);
             if ready() {
                 return;
             }
-            before_sleep(&mut e)
-        };
-        sleep_for_input(fd, deadline, timeout);
+            sleep.add(before_sleep(&mut e));
+        }
+        sleep.sleep(timeout);
         self.progress();
     }
 
@@ -390,25 +534,37 @@ impl Device {
     /// # Errors
     /// The capture's write error.
     pub fn flush_capture(&self) -> io::Result<()> {
-        let e = self.lock_engine();
+        // Every shard writes the same capture file.
+        let e = lock(&self.shared().shards[0].engine);
         match &e.capture {
             Some(c) => CaptureFile(c.0.clone()).flush(),
             None => Ok(()),
         }
     }
 
-    pub(crate) fn lock_engine(&self) -> MutexGuard<'_, Engine> {
-        lock(&self.shared().engine)
+    /// Locks the engine that owns QP `qpn`.
+    pub(crate) fn lock_engine_of(&self, qpn: u32) -> MutexGuard<'_, Engine> {
+        lock(&self.shared().shard_of(qpn).engine)
     }
 
-    /// Progress if nobody else is making it right now (CQ polls that found nothing).
-    pub(crate) fn try_progress(&self, completed: impl FnOnce() -> bool) {
+    /// Progress if nobody else is making it right now (CQ polls that found nothing): a pass
+    /// of every engine whose lock is free, one at a time.
+    pub(crate) fn try_progress(&self, completed: impl Fn() -> bool) {
         let s = self.shared();
-        if s.progress == Progress::Thread {
-            s.app_polled
-                .store(thread::since_epoch_ns(), Ordering::Relaxed);
+        let now = (s.progress == Progress::Thread).then(thread::since_epoch_ns);
+        for sh in s.shards.iter() {
+            if let Some(now) = now {
+                sh.app_polled.store(now, Ordering::Relaxed);
+            }
+            sh.try_progress(s.progress, &completed);
         }
-        let Ok(mut e) = s.engine.try_lock() else {
+    }
+}
+
+impl Shard {
+    /// [`Device::try_progress`] for this shard.
+    fn try_progress(&self, progress: Progress, completed: &impl Fn() -> bool) {
+        let Ok(mut e) = self.engine.try_lock() else {
             return;
         };
         // A poller's pass defers what it would send (the ACK of a message just received)
@@ -418,7 +574,7 @@ impl Device {
         // window) it is sent at once. With manual progress every pass defers (the next pass
         // or post sends).
         e.progress(true);
-        if s.progress != Progress::Thread || !e.tx_waiting() {
+        if progress != Progress::Thread || !e.tx_waiting() {
             // Manual progress defers until the next pass, whatever the poll finds.
             return;
         }
@@ -434,13 +590,15 @@ impl Device {
                 .as_nanos()
                 .saturating_add(thread::APP_POLL_WINDOW.as_nanos() as u64);
             drop(e);
-            let planned = s.sleep_until.load(Ordering::Acquire);
+            let planned = self.sleep_until.load(Ordering::Acquire);
             if planned > back {
-                s.wake();
+                self.wake();
             }
         }
     }
+}
 
+impl Device {
     /// A fresh random QPN, unique among live QPs and not recently used (`None`: every QPN
     /// is live).
     pub(crate) fn alloc_qpn(&self) -> Option<u32> {
@@ -467,6 +625,30 @@ impl Device {
     }
 }
 
+/// How many engines a device opened with `asked` runs, and why fewer when so (see
+/// [`DeviceConfig::engines`]).
+fn engines_for(
+    asked: usize,
+    backend: &Backend,
+    demux: &Option<crate::datapath::demux::Demux>,
+    daemon: &Option<Arc<crate::control::DaemonClient>>,
+) -> (usize, Option<&'static str>) {
+    let asked = asked.clamp(1, MAX_ENGINES);
+    if asked == 1 {
+        return (1, None);
+    }
+    let why = if daemon.is_some() {
+        "the rocectl daemon serves this address (open it exclusive to run several engines)"
+    } else if demux.is_some() {
+        "a kernel-demux member cannot steer its group"
+    } else if !matches!(backend, Backend::Udp { .. }) {
+        "only the udp backend can steer datagrams to several engines"
+    } else {
+        return (asked, None);
+    };
+    (1, Some(why))
+}
+
 fn open_capture(path: &std::path::Path, dev: &str) -> Result<CaptureFile, OpenError> {
     let text = path.to_string_lossy().replace("{dev}", dev);
     CaptureFile::create(&text).map_err(|e| OpenError::Capture {
@@ -485,16 +667,61 @@ fn before_sleep(e: &mut Engine) -> (Option<std::os::fd::RawFd>, Option<Duration>
     (e.datapath().readiness_fd(), deadline)
 }
 
-/// Sleeps until `fd` is readable, `deadline` or `timeout` (whichever comes first); without a
-/// descriptor, at most 1 ms.
-fn sleep_for_input(fd: Option<std::os::fd::RawFd>, deadline: Option<Duration>, timeout: Duration) {
-    let wait = deadline.map_or(timeout, |d| timeout.min(d));
-    match fd {
-        Some(fd) => {
-            crate::sys::wait_readable(fd, wait);
+/// What an application thread sleeps on for every engine: their descriptors, the earliest
+/// timer.
+#[derive(Default)]
+struct Sleep {
+    fds: Vec<std::os::fd::RawFd>,
+    no_fd: bool,
+    deadline: Option<Duration>,
+}
+
+impl Sleep {
+    fn add(&mut self, (fd, deadline): (Option<std::os::fd::RawFd>, Option<Duration>)) {
+        match fd {
+            Some(fd) => self.fds.push(fd),
+            None => self.no_fd = true,
         }
-        None => std::thread::sleep(wait.min(Duration::from_millis(1))),
+        self.deadline = match (self.deadline, deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
     }
+
+    /// Sleeps until a descriptor is readable, the deadline or `timeout` (whichever comes
+    /// first); when an engine has no descriptor, at most 1 ms.
+    fn sleep(&self, timeout: Duration) {
+        let mut wait = self.deadline.map_or(timeout, |d| timeout.min(d));
+        if self.no_fd || self.fds.is_empty() {
+            wait = wait.min(Duration::from_millis(1));
+            if self.fds.is_empty() {
+                std::thread::sleep(wait);
+                return;
+            }
+        }
+        match self.fds[..] {
+            [fd] => {
+                crate::sys::wait_readable(fd, wait);
+            }
+            _ => wait_any_readable(&self.fds, wait),
+        }
+    }
+}
+
+/// Sleeps until one of `fds` is readable or `timeout`.
+fn wait_any_readable(fds: &[std::os::fd::RawFd], timeout: Duration) {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = timeout.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32;
+    #[allow(unsafe_code)]
+    // SAFETY: `pfds` holds `pfds.len()` live, initialised pollfds for the call.
+    let _ = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
 }
 
 fn open_backend(
@@ -582,7 +809,7 @@ mod tests {
             qpn: roce_wire::Qpn::new(0x12),
             event: Event::SqDrained,
         };
-        a.lock_engine().ep.events.push(ev);
+        lock(&a.shared().shards[0].engine).ep.events.push(ev);
         let (tx, rx) = mpsc::channel();
         a.set_async_event_hook(move |ev| {
             let _ = tx.send(ev);

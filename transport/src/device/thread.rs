@@ -1,12 +1,27 @@
 //! Who drives the engine, and how the threads and locks of a device fit together.
 //!
+//! # Engines ("shards")
+//!
+//! A device runs one engine, or `n` with [`crate::DeviceConfig::engines`] (the `udp` backend
+//! of a device holding its address alone): `n` [`super::Shard`]s, each an engine behind its
+//! own lock with its own datapath socket, engine thread, `mio` waker, `sleep_until` and
+//! `app_polled`. Every QP lives in exactly one: shard `QPN % n` (the QPN allocator hands out
+//! QPNs that way, `crate::ids`), and the kernel steers each datagram to its destination QP's
+//! shard (`crate::datapath::shard`); what arrives at the wrong one anyway (NAPI GRO merges)
+//! goes through the owner's inbox (`crate::inbox`). Everything below holds per shard: "the
+//! engine lock" is the lock of the shard that owns the QP in question, and the wake protocol
+//! runs between a shard's doorbells and that shard's thread. Device-wide operations
+//! (`progress`, `progress_wait`, `poll_timeout`, counters, async events, the drop) visit the
+//! shards one at a time, never holding two engine locks; a CQ poll that finds nothing tries
+//! every shard's lock in turn (a CQ may be fed by QPs of several shards).
+//!
 //! # Threads
 //!
 //! - **Application threads** call the verbs. A post locks the engine, queues the WR, and rings
 //!   the doorbell ([`Device::doorbell`]): the packets leave from the caller's thread before the
 //!   call returns. A CQ poll that finds nothing makes progress itself if the engine lock is
 //!   free (`try_lock`), so a busy-polling application needs no other thread.
-//! - **The engine thread** (one per device, [`crate::Progress::Thread`]) loops in
+//! - **The engine thread** (one per shard, [`crate::Progress::Thread`]) loops in
 //!   [`run_thread`]: one progress pass under the engine lock, then a `mio` poll on the
 //!   datapath's readiness descriptor and a [`mio::Waker`] until the next deadline (a QP timer
 //!   or a delayed simulated packet). With [`crate::Progress::Manual`] there is no such thread:
@@ -30,10 +45,11 @@
 //! # Lock order
 //!
 //! **engine → CQ → capture → sim network.** Each lock is only ever taken while holding locks
-//! to its left, never the other way round:
+//! to its left, never the other way round, and no thread holds two engine locks at once:
 //!
-//! - the engine `Mutex` (one per device) is the doorbell: every verb that touches a QP, the
-//!   engine thread's pass, the progress of a CQ poll, and the drops of QPs and devices;
+//! - an engine `Mutex` (one per shard) is the doorbell of its QPs: every verb that touches a
+//!   QP locks the QP's shard; the shard's engine thread's pass, the progress of a CQ poll,
+//!   and the drops of QPs and devices take it too;
 //! - a CQ's `Mutex` is taken by the engine while pushing a completion (under the engine lock)
 //!   and by the application polling or waiting (with no other lock held);
 //! - the capture `Mutex` is taken by the engine per frame (under the engine lock) and by
@@ -43,6 +59,11 @@
 //! - a fault model's `Mutex` (`SharedFaults`, shared by the `sim` network's fault injectors) is
 //!   a leaf: taken under the engine lock while a batch is offered, and released before the
 //!   injector calls the datapath it wraps (so never held with the sim lock).
+//!
+//! A shard's inbox `Mutex` (`crate::inbox`) is a leaf: taken by another shard's pass under
+//! that shard's engine lock to hand a datagram on, and by the owner's pass (under its own
+//! engine lock) to swap the buffer out. With several shards the async-event hook sits behind
+//! a leaf `Mutex` shared by the shards, taken under one engine lock.
 //!
 //! The QPN allocator's `Mutex` (`DeviceShared::ids`) is a leaf too: taken alone by
 //! `create_qp` and `random_psn`, and under the engine lock when a QP is dropped.
@@ -60,7 +81,7 @@
 //!
 //! 1. the engine thread, still holding the engine lock after its pass, stores its planned
 //!    wake-up (the deadline on the device's [`crate::clock::Clock`], in nanoseconds;
-//!    `u64::MAX` for "no deadline", never 0) into `DeviceShared::sleep_until` with `Release`,
+//!    `u64::MAX` for "no deadline", never 0) into its shard's `sleep_until` with `Release`,
 //!    releases the lock and sleeps in `mio::Poll::poll` until then (a `mio::Waker` wake-up
 //!    sent before it reaches the poll is not lost: the waker stays readable);
 //! 2. when it wakes it stores 0 ("awake, will run a pass") before looping;
@@ -79,7 +100,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::{Device, DeviceShared};
+use super::{Device, DeviceShared, Shard};
 use crate::clock;
 use crate::engine::Engine;
 use crate::sys::lock;
@@ -97,9 +118,10 @@ impl Device {
         let due = e.ep.qps.get(&qpn).and_then(|q| q.qp.poll_timeout());
         drop(e);
         if let Some(due) = due {
-            let planned = s.sleep_until.load(Ordering::Acquire);
+            let sh = s.shard_of(qpn);
+            let planned = sh.sleep_until.load(Ordering::Acquire);
             if planned == 0 || due.as_nanos() < planned {
-                s.wake();
+                sh.wake();
             }
         }
     }
@@ -114,15 +136,17 @@ impl Device {
         if s.progress != Progress::Thread {
             return;
         }
-        if s.app_polled.swap(0, Ordering::Relaxed) != 0 {
-            if let Some(t) = s.engine_thread.get() {
-                t.unpark();
+        for sh in s.shards.iter() {
+            if sh.app_polled.swap(0, Ordering::Relaxed) != 0 {
+                if let Some(t) = sh.engine_thread.get() {
+                    t.unpark();
+                }
             }
         }
     }
 }
 
-impl DeviceShared {
+impl Shard {
     pub(super) fn wake(&self) {
         if let Some(w) = &self.waker {
             let _ = w.wake();
@@ -146,8 +170,8 @@ pub(super) fn since_epoch_ns() -> u64 {
         .max(1)
 }
 
-/// Whether an application thread polled within [`APP_POLL_WINDOW`].
-fn app_polling(s: &DeviceShared) -> bool {
+/// Whether an application thread polled this shard within [`APP_POLL_WINDOW`].
+fn app_polling(s: &Shard) -> bool {
     let at = s.app_polled.load(Ordering::Relaxed);
     at != 0 && since_epoch_ns().saturating_sub(at) < APP_POLL_WINDOW.as_nanos() as u64
 }
@@ -155,10 +179,12 @@ fn app_polling(s: &DeviceShared) -> bool {
 pub(super) const DATAPATH: mio::Token = mio::Token(0);
 pub(super) const WAKER: mio::Token = mio::Token(1);
 
-pub(super) fn run_thread(s: &DeviceShared, mut poll: mio::Poll, has_fd: bool) {
+/// The engine thread of shard `index` of the device.
+pub(super) fn run_thread(d: &DeviceShared, index: usize, mut poll: mio::Poll, has_fd: bool) {
+    let s = &d.shards[index];
     let _ = s.engine_thread.set(std::thread::current());
     let mut events = mio::Events::with_capacity(16);
-    while !s.stop.load(Ordering::SeqCst) {
+    while !d.stop.load(Ordering::SeqCst) {
         // Whether the application receives for itself: then stay off the descriptor (module
         // docs) and plan to be back within one window, so that a doorbell does not wake this
         // thread for a timer the poller's own passes (or our next one) will see.

@@ -47,7 +47,7 @@ impl ProtectionDomain {
             init.srq.as_ref().map(|s| s.inner.clone()),
         );
         qp.set_port_mtu(dev.shared().mtu);
-        dev.lock_engine().ep.insert(QpSlot {
+        dev.lock_engine_of(qpn).ep.insert(QpSlot {
             qp,
             send_cq: init.send_cq.shared.clone(),
             recv_cq: init.recv_cq.shared.clone(),
@@ -376,7 +376,7 @@ impl QueuePair {
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut roce_qp::QueuePair) -> R) -> R {
-        let mut e = self.dev().lock_engine();
+        let mut e = self.dev().lock_engine_of(self.qpn.value());
         let slot = slot_of(&mut e, self.qpn);
         f(&mut slot.qp)
     }
@@ -409,7 +409,7 @@ impl QueuePair {
                 active: active.bytes(),
             });
         }
-        let mut e = self.dev().lock_engine();
+        let mut e = self.dev().lock_engine_of(self.qpn.value());
         let slot = slot_of(&mut e, self.qpn);
         slot.qp.modify(attr, mask)?;
         if mask.contains(AttrMask::STATE) && attr.state == QpState::Reset {
@@ -467,7 +467,7 @@ impl QueuePair {
     /// # Errors
     /// [`PostError`]: nothing was queued.
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
-        let mut e = self.dev().lock_engine();
+        let mut e = self.dev().lock_engine_of(self.qpn.value());
         let now = e.now();
         let slot = slot_of(&mut e, self.qpn);
         slot.qp.post_send(now, wr)?;
@@ -487,7 +487,7 @@ impl QueuePair {
     /// # Errors
     /// [`PostError`]: nothing was queued.
     pub fn post_send_coalesced(&self, wr: SendWr) -> Result<(), PostError> {
-        let mut e = self.dev().lock_engine();
+        let mut e = self.dev().lock_engine_of(self.qpn.value());
         let now = e.now();
         let slot = slot_of(&mut e, self.qpn);
         let outstanding =
@@ -509,7 +509,7 @@ impl QueuePair {
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<usize, (usize, PostError)> {
-        let mut e = self.dev().lock_engine();
+        let mut e = self.dev().lock_engine_of(self.qpn.value());
         let now = e.now();
         let slot = slot_of(&mut e, self.qpn);
         let mut n = 0;
@@ -539,7 +539,7 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        let mut e = self.dev().lock_engine();
+        let mut e = self.dev().lock_engine_of(self.qpn.value());
         e.remove(self.qpn.value());
         self.dev().free_qpn(self.qpn.value());
         // Packets already built (a deferred final ACK) still go out: the peer is waiting.

@@ -220,6 +220,31 @@ fn without_steering_a_device_runs_one_engine_and_says_why() {
     assert_eq!(zero.engines(), 1, "engines(0) means one");
 }
 
+/// Port 0 (an ephemeral port, as `rocectl devinfo` opens to read the limits): the first
+/// engine's socket gets the port and the others join it, so the device runs every engine it
+/// asked for; two such devices on one address get a port each.
+#[test]
+fn an_ephemeral_port_is_shared_by_the_engines() {
+    let _net = private_net();
+    let eph = |n: usize| {
+        Device::open(
+            DeviceConfig::new(roce_transport::Backend::Udp {
+                local: "127.0.0.1".parse().unwrap(),
+                port: 0,
+            })
+            .exclusive()
+            .engines(n),
+        )
+        .unwrap_or_else(|e| panic!("port 0 with {n} engines: {e}"))
+    };
+    let a = eph(3);
+    let b = eph(2);
+    assert_eq!((a.engines(), a.engines_fallback()), (3, None));
+    assert_eq!(b.engines(), 2);
+    let (pa, pb) = (a.local_addr().port(), b.local_addr().port());
+    assert!(pa != 0 && pb != 0 && pa != pb, "ports {pa} and {pb}");
+}
+
 /// Nobody shares a sharded device's address silently: another sharded device on it fails
 /// (the group check), and so does a one-engine device (no `SO_REUSEPORT`), both with
 /// "address in use"; once the first is closed the address is free again.
@@ -257,6 +282,72 @@ fn a_second_device_cannot_join_a_sharded_address() {
     drop(_h);
     let again = open("127.0.0.1", 2, Progress::Thread);
     assert_eq!(again.engines(), 2);
+}
+
+/// A kernel-demux member (a daemon that started serving the address after the sharded device
+/// opened) cannot join the sharded device's reuseport group: it finds the device's marker
+/// before attaching its program and backs out with "address in use", so the device's own
+/// steering survives; once the device closes, the member joins.
+#[test]
+fn a_kernel_demux_member_cannot_join_a_sharded_address() {
+    use roce_transport::datapath::demux::{Demux, DemuxError, DemuxGroup, SlotLayout};
+    use roce_transport::datapath::udp::{UdpDatapath, UdpError, UdpOptions};
+    let test = "a_kernel_demux_member_cannot_join_a_sharded_address";
+    if !roce_testkit::require_root(test, "loading the BPF steering program needs CAP_BPF") {
+        return;
+    }
+    let group = match DemuxGroup::create(SlotLayout::DEFAULT) {
+        Ok(g) => g,
+        Err(e @ DemuxError::NoPrivilege { .. }) => {
+            roce_testkit::skip(test, e);
+            return;
+        }
+        Err(e) => panic!("create the demux group: {e}"),
+    };
+    let _net = private_net();
+    let addr: std::net::SocketAddr = "127.0.0.1:4791".parse().unwrap();
+    let first = open("127.0.0.1", 2, Progress::Thread);
+    let member = || {
+        let d = Demux::new(group.try_clone().unwrap(), 1).unwrap();
+        UdpDatapath::bind_demux(addr, UdpOptions::default(), &d)
+    };
+    match member() {
+        Err(UdpError::DemuxShardedHolder { addr: a }) => assert_eq!(a, addr),
+        other => panic!("a demux member on a sharded address: {other:?}"),
+    }
+    assert!(
+        group.occupant(1).unwrap().is_none(),
+        "the member never joined"
+    );
+    let leased = Device::open(
+        DeviceConfig::udp(addr.ip()).demux(Demux::new(group.try_clone().unwrap(), 2).unwrap()),
+    );
+    match leased {
+        Err(OpenError::AddrInUse { detail, .. }) => {
+            assert!(detail.contains("several engines"), "{detail}");
+        }
+        other => panic!("a leased device on a sharded address: {other:?}"),
+    }
+    // The first device's steering is its own still: every datagram reached its engine.
+    let second = open("127.0.0.2", 2, Progress::Thread);
+    let o = SelftestOptions {
+        sizes: vec![4096],
+        ud_sizes: vec![64],
+        ..SelftestOptions::default()
+    };
+    let h = hold(&first);
+    run_rc(&first, &second, &o, &mut |_| {}).unwrap();
+    let per = first.engine_counters();
+    assert!(
+        per.iter()
+            .all(|c| c.rx_handed_on == 0 && c.rx_drop_no_qp == 0),
+        "{per:?}"
+    );
+    assert!(first.device_counters().rx_delivered > 0, "{per:?}");
+    drop(h);
+    drop(first);
+    let m = member().expect("the address is free once the sharded device closed");
+    assert_eq!(m.demux_slot(), Some(1));
 }
 
 /// Off loopback NAPI GRO merges one flow's datagrams by ports before the steering program

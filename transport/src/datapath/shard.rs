@@ -40,14 +40,36 @@
 //! of two sharded devices racing for one address, the later (or both) fail, none shares
 //! silently. The program is attached only after that check, so a device that backs out never
 //! replaces the steering of the one that holds the address (and its sockets, which joined
-//! last, leave the holder's indexes as they were). A same-uid program that joins after that check gets nothing from the steering
-//! (the program only returns indexes `< n`, and NAPI GRO's lookup only decides whether GRO
-//! runs, delivery still goes through the program) but could replace the program
-//! (`SO_ATTACH_REUSEPORT_CBPF` on its socket): one uid is one trust domain, as for kernel
-//! demux ([`super::demux`]). When `/proc` cannot be read, the check is skipped.
+//! last, leave the holder's indexes as they were). A same-uid program that joins after that
+//! check gets nothing from the steering (the program only returns indexes `< n`, and NAPI
+//! GRO's lookup only decides whether GRO runs, delivery still goes through the program) but
+//! could replace the program (`SO_ATTACH_REUSEPORT_CBPF` on its socket): one uid is one trust
+//! domain, as for kernel demux ([`super::demux`]). When `/proc` cannot be read, the check is
+//! skipped.
+//!
+//! # A kernel-demux member joining later
+//!
+//! A device leased by the rocectl daemon runs one engine ([`crate::DeviceConfig::engines`]),
+//! and a sharded device cannot open where demux members already hold the address (the check
+//! above). But a sharded device opens alone when no daemon serves its address *at that
+//! moment*; should a daemon start serving it later, its kernel-demux members (same uid,
+//! `SO_REUSEPORT`) could join this group, and the first one's demux program would replace
+//! this one: this device's datagrams would then be steered by the demux map, where its
+//! sockets are not, and be lost without a word. So while it is open, a sharded device also
+//! holds an abstract Unix socket named after its address ([`Marker`], per network namespace
+//! as the UDP sockets are, released by the kernel when the process ends), and a demux member
+//! looks for it after binding and before it attaches anything ([`sharded_device_holds`]):
+//! found, it backs out with "address in use" ([`super::udp::UdpError::DemuxShardedHolder`]),
+//! as it would against a one-engine device's plain socket. The marker is bound before the
+//! UDP sockets, so a member that looked before it existed is seen by the inode check above.
+//! Anyone in the namespace can bind a name, so a squatter can keep sharded devices from
+//! opening (they fail with "address in use", never share): a local nuisance only.
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
+
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixDatagram};
 
 use super::udp::{UdpDatapath, UdpOptions};
 use super::Datapath;
@@ -118,24 +140,54 @@ fn inode(fd: RawFd) -> Option<u64> {
         .ok()
 }
 
+/// The abstract Unix socket a sharded device holds while it is open (module docs); dropping it
+/// releases the name.
+#[derive(Debug)]
+pub(crate) struct Marker {
+    _socket: UnixDatagram,
+}
+
+/// The abstract name of the marker of a sharded device on `addr`.
+fn marker_name(addr: SocketAddr) -> std::io::Result<UnixAddr> {
+    UnixAddr::from_abstract_name(format!("rocectl-engines {addr}").as_bytes())
+}
+
+/// Whether a sharded device holds `addr` in this network namespace (its marker is bound).
+/// Connecting tells without taking the name: refused when nobody holds it.
+pub(crate) fn sharded_device_holds(addr: SocketAddr) -> bool {
+    let Ok(name) = marker_name(addr) else {
+        return false;
+    };
+    UnixDatagram::unbound().is_ok_and(|probe| probe.connect_addr(&name).is_ok())
+}
+
 /// Opens `n` (≥ 2) `udp` sockets on `local`:`port` in one steered reuseport group; element `i`
-/// receives the datagrams whose DestQP `% n == i`.
+/// receives the datagrams whose DestQP `% n == i`. Port 0: the first socket gets an ephemeral
+/// port and the others join it. With them the device's [`Marker`], to keep while they are open.
 ///
 /// # Errors
 /// As the `udp` backend's bind; [`OpenError::AddrInUse`] also when another socket joined
-/// the group (see the module docs); [`OpenError::Backend`] when the program cannot be
-/// attached.
+/// the group or another sharded device's marker is bound (see the module docs);
+/// [`OpenError::Backend`] when the program cannot be attached.
 pub(crate) fn open_udp(
     local: IpAddr,
     port: u16,
     n: usize,
-) -> Result<Vec<Box<dyn Datapath>>, OpenError> {
+) -> Result<(Vec<Box<dyn Datapath>>, Marker), OpenError> {
     let addr = SocketAddr::new(local, port);
+    // The marker first (module docs); with port 0 the port is known only after the bind.
+    let early = (port != 0).then(|| hold_marker(addr)).transpose()?;
     let mut socks = Vec::with_capacity(n);
-    for _ in 0..n {
-        socks.push(UdpDatapath::bind_reuseport(addr, UdpOptions::default())?);
-    }
+    socks.push(UdpDatapath::bind_reuseport(addr, UdpOptions::default())?);
+    // The others join the first one's port (the port it was given when `port` is 0).
     let bound = socks[0].local_addr();
+    let marker = match early {
+        Some(m) => m,
+        None => hold_marker(bound)?,
+    };
+    for _ in 1..n {
+        socks.push(UdpDatapath::bind_reuseport(bound, UdpOptions::default())?);
+    }
     if let Some(mut present) = crate::portowner::udp_socket_inodes(bound) {
         let mut ours: Vec<u64> = socks
             .iter()
@@ -159,12 +211,40 @@ pub(crate) fn open_udp(
     let n32 = u32::try_from(n).unwrap_or(u32::MAX);
     attach(socks[0].socket().as_raw_fd(), n32).map_err(|e| OpenError::Backend {
         backend: "udp",
-        message: format!("{addr}: attaching the engines' steering program: {e}"),
+        message: format!("{bound}: attaching the engines' steering program: {e}"),
     })?;
-    Ok(socks
-        .into_iter()
-        .map(|s| Box::new(s) as Box<dyn Datapath>)
-        .collect())
+    Ok((
+        socks
+            .into_iter()
+            .map(|s| Box::new(s) as Box<dyn Datapath>)
+            .collect(),
+        marker,
+    ))
+}
+
+/// Binds the marker for `addr`.
+///
+/// # Errors
+/// [`OpenError::AddrInUse`]: another sharded device of this network namespace holds `addr`
+/// (or something squats the name); [`OpenError::Backend`]: the socket cannot be made.
+fn hold_marker(addr: SocketAddr) -> Result<Marker, OpenError> {
+    let backend = |e: std::io::Error| OpenError::Backend {
+        backend: "udp",
+        message: format!("{addr}: the engines' marker socket: {e}"),
+    };
+    let name = marker_name(addr).map_err(backend)?;
+    match UnixDatagram::bind_addr(&name) {
+        Ok(socket) => Ok(Marker { _socket: socket }),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(OpenError::AddrInUse {
+            addr,
+            detail: format!(
+                "another rocectl device with several engines holds it (its marker, the abstract \
+                 Unix socket @rocectl-engines {addr}, is bound); {}",
+                crate::portowner::in_use_detail(addr)
+            ),
+        }),
+        Err(e) => Err(backend(e)),
+    }
 }
 
 #[cfg(test)]

@@ -304,6 +304,17 @@ pub enum UdpError {
         /// Ours.
         uid: u32,
     },
+    /// Kernel demux: a rocectl device with several engines holds the address with its own
+    /// reuseport group and steering program ([`super::shard`]); joining would replace its
+    /// program and strand its datagrams.
+    #[error(
+        "kernel demux on {addr}: a rocectl device with several engines holds it (its own \
+         SO_REUSEPORT group and steering; the daemon cannot share the address until it closes)"
+    )]
+    DemuxShardedHolder {
+        /// The address asked for.
+        addr: SocketAddr,
+    },
     /// Kernel demux: joining the group failed.
     #[error("udp backend on {addr}: {source}")]
     Demux {
@@ -327,7 +338,9 @@ pub enum UdpError {
 impl From<UdpError> for io::Error {
     fn from(e: UdpError) -> Self {
         let kind = match &e {
-            UdpError::AddrInUse { .. } => io::ErrorKind::AddrInUse,
+            UdpError::AddrInUse { .. } | UdpError::DemuxShardedHolder { .. } => {
+                io::ErrorKind::AddrInUse
+            }
             UdpError::AddrNotAvailable { .. } => io::ErrorKind::AddrNotAvailable,
             UdpError::UnspecifiedAddr { .. } => io::ErrorKind::InvalidInput,
             UdpError::PermissionDenied { .. } | UdpError::DemuxOtherUser { .. } => {
@@ -348,6 +361,13 @@ impl From<UdpError> for OpenError {
                 detail: crate::portowner::in_use_detail(addr),
             },
             UdpError::AddrNotAvailable { addr } => Self::AddrNotAvailable { addr },
+            UdpError::DemuxShardedHolder { addr } => Self::AddrInUse {
+                addr,
+                detail: "a rocectl device with several engines holds it (its own SO_REUSEPORT \
+                         group and steering), so kernel demux cannot share it until that device \
+                         closes"
+                    .into(),
+            },
             other => Self::Backend {
                 backend: "udp",
                 message: other.to_string(),
@@ -409,8 +429,9 @@ impl UdpDatapath {
     /// # Errors
     /// As [`UdpDatapath::bind`]; [`UdpError::DemuxOtherUser`] when the address's sockets
     /// belong to another user; [`UdpError::AddrInUse`] when a socket without `SO_REUSEPORT`
-    /// (an exclusive rocectl, rdma_rxe) holds it; [`UdpError::Demux`] when joining the group
-    /// fails (the slot is taken...).
+    /// (an exclusive rocectl, rdma_rxe) holds it; [`UdpError::DemuxShardedHolder`] when a
+    /// rocectl device with several engines holds it; [`UdpError::Demux`] when joining the
+    /// group fails (the slot is taken...).
     pub fn bind_demux(
         local: SocketAddr,
         opts: UdpOptions,
@@ -562,6 +583,11 @@ impl UdpDatapath {
             .as_socket()
             .unwrap_or(local);
         if let Some(d) = demux {
+            // Before attaching the demux program: a sharded device's group must keep its own
+            // (`super::shard`, "A kernel-demux member joining later").
+            if super::shard::sharded_device_holds(bound) {
+                return Err(UdpError::DemuxShardedHolder { addr: bound });
+            }
             d.group()
                 .join(socket.as_fd(), d.slot())
                 .map_err(|source| UdpError::Demux {

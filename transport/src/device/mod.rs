@@ -89,6 +89,9 @@ pub(crate) struct DeviceShared {
     ip_mtu: usize,
     /// The link to the rocectl daemon, when it serves this device's address.
     pub(crate) daemon: Option<Arc<crate::control::DaemonClient>>,
+    /// With several engines: the name that keeps kernel-demux members off the address while
+    /// the device is open (`crate::datapath::shard`).
+    _shard_marker: Option<crate::datapath::shard::Marker>,
 }
 
 impl std::fmt::Debug for DeviceShared {
@@ -187,9 +190,12 @@ impl Device {
             Backend::Udp { local, port } if engines > 1 => Some((*local, *port)),
             _ => None,
         };
-        let mut dps = match sharded {
-            Some((local, port)) => crate::datapath::shard::open_udp(local, port, engines)?,
-            None => vec![open_backend(backend, demux.as_ref())?],
+        let (mut dps, shard_marker) = match sharded {
+            Some((local, port)) => {
+                let (dps, marker) = crate::datapath::shard::open_udp(local, port, engines)?;
+                (dps, Some(marker))
+            }
+            None => (vec![open_backend(backend, demux.as_ref())?], None),
         };
         let caps = dps[0].caps();
         let local = dps[0].local_addr();
@@ -308,6 +314,7 @@ impl Device {
             local,
             ip_mtu: caps.ip_mtu,
             daemon,
+            _shard_marker: shard_marker,
         });
         if let Some(d) = &shared.daemon {
             d.start_reporter(Arc::downgrade(&shared));

@@ -21,6 +21,13 @@
 //! table prints the table, and index 0 explains when its link-local address is not configured
 //! (rxe lists it even with IPv6 off, but nothing can be sent from an address the host does
 //! not have).
+//!
+//! Engines ([`DeviceConfig::engines`]): every tool that opens its device here takes the count
+//! from [`engines_setting`]: its `--engines` flag where it has one (the perftest tools), else
+//! `ROCECTL_ENGINES`, else the tool's default (perftest: min(`-q`, CPUs); the pingpongs, one
+//! QP each: 1). A bad value is a [`UsageError`] (one line, exit status 2). The transport runs
+//! one engine where it cannot steer (a daemon serves the address, the raw backend) and the
+//! tool then says so when the user asked for more ([`report_engines`]).
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv6Addr};
@@ -60,6 +67,74 @@ pub(crate) struct DeviceArgs {
     /// Who drives the engine: its own thread (default), or the tool's polling (a tool that
     /// always polls while traffic may arrive saves the thread's wake-ups).
     pub(crate) progress: Progress,
+    /// Engines ([`DeviceConfig::engines`]; 0 or 1: one), from [`engines_setting`].
+    pub(crate) engines: Engines,
+}
+
+/// The engines a tool asked its device for ([`DeviceConfig::engines`]), and whether the user
+/// asked (`--engines`, `ROCECTL_ENGINES`) or the tool chose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Engines {
+    /// How many (1..=[`roce_transport::MAX_ENGINES`]).
+    pub(crate) n: usize,
+    /// The user asked for them: a device that runs fewer says why on stderr.
+    pub(crate) asked: bool,
+}
+
+impl Default for Engines {
+    fn default() -> Self {
+        Self { n: 1, asked: false }
+    }
+}
+
+/// A command-line value the user got wrong: `main` prints it as one line and exits with
+/// status 2 (the usage-error status), where other errors exit with 1.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct UsageError(pub(crate) String);
+
+/// The environment variable every tool that opens a device through this module reads for its
+/// engines (`--engines`, where a tool has it, wins).
+pub(crate) const ENGINES_ENV: &str = "ROCECTL_ENGINES";
+
+/// The engines of a tool's device: `flag` (the tool's `--engines`, as typed), else
+/// [`ENGINES_ENV`], else `default` (the tool's choice, clamped to the allowed range).
+///
+/// # Errors
+/// [`UsageError`]: the flag or the variable is not a number from 1 to
+/// [`roce_transport::MAX_ENGINES`].
+pub(crate) fn engines_setting(flag: Option<&str>, default: usize) -> Result<Engines, UsageError> {
+    let parse = |what: String, text: &str| match text.trim().parse::<usize>() {
+        Ok(n) if (1..=roce_transport::MAX_ENGINES).contains(&n) => Ok(Engines { n, asked: true }),
+        _ => Err(UsageError(format!(
+            "{what}: the number of engines is a whole number from 1 to {}",
+            roce_transport::MAX_ENGINES
+        ))),
+    };
+    if let Some(text) = flag {
+        return parse(format!("--engines {text}"), text);
+    }
+    if let Some(v) = std::env::var_os(ENGINES_ENV) {
+        let text = v.to_string_lossy();
+        return parse(format!("{ENGINES_ENV}={text}"), &text);
+    }
+    Ok(Engines {
+        n: default.clamp(1, roce_transport::MAX_ENGINES),
+        asked: false,
+    })
+}
+
+/// Says on stderr why `dev` runs fewer engines than the user asked for (a daemon serves the
+/// address, the raw backend...): the run is correct, only not parallel.
+pub(crate) fn report_engines(dev: &Device, engines: Engines) {
+    if engines.asked && dev.engines() < engines.n {
+        eprintln!(
+            "rocectl: note: {} engine(s) asked for, {} running: {}",
+            engines.n,
+            dev.engines(),
+            dev.engines_fallback().unwrap_or("the device runs fewer")
+        );
+    }
 }
 
 /// Opens the device `args` describe. Returns it with the GID index in use and its GID (what
@@ -115,6 +190,7 @@ pub(crate) fn open_device(args: DeviceArgs) -> anyhow::Result<(Device, u8, Gid)>
     config.mtu = args.mtu;
     config.capture = crate::signals::open_capture(args.pcap.as_deref(), &dev.name)?;
     config.progress = args.progress;
+    config = config.engines(args.engines.n);
     // Initial PSNs, memory keys and QPNs come from the OS random source (the device's
     // default): they differ from run to run and from the peer's.
     let device = Device::open(config).with_context(|| {
@@ -124,6 +200,7 @@ pub(crate) fn open_device(args: DeviceArgs) -> anyhow::Result<(Device, u8, Gid)>
             backend_name(args.backend)
         )
     })?;
+    report_engines(&device, args.engines);
     Ok((device, index, entry.gid))
 }
 
@@ -312,6 +389,24 @@ fn backend_name(kind: BackendKind) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    /// `--engines` wins over `ROCECTL_ENGINES` and the default; a value out of 1..=64 or not a
+    /// number is one line naming the flag and the range.
+    #[test]
+    fn engines_flag_values() {
+        assert_eq!(
+            engines_setting(Some("2"), 1).unwrap(),
+            Engines { n: 2, asked: true }
+        );
+        assert_eq!(engines_setting(Some(" 64"), 1).unwrap().n, 64);
+        for bad in ["0", "65", "two", "", "-1"] {
+            let e = engines_setting(Some(bad), 1).unwrap_err().to_string();
+            assert_eq!(
+                e,
+                format!("--engines {bad}: the number of engines is a whole number from 1 to 64")
+            );
+        }
+    }
+
     use std::net::Ipv4Addr;
 
     use super::*;

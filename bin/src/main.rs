@@ -21,7 +21,8 @@
 //!
 //! Errors are reported with `anyhow` at this level only: each command returns
 //! `anyhow::Result<ExitCode>`, and [`main`] prints `rocectl: error: …` with its causes and exits
-//! with status 1. A closed stdout (`rocectl pcap dump … | head`) ends the program quietly.
+//! with status 1, or with status 2 for a [`device::UsageError`] (a value the user got wrong).
+//! A closed stdout (`rocectl pcap dump … | head`) ends the program quietly.
 
 use std::io;
 use std::process::ExitCode;
@@ -156,6 +157,11 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        // A value the user got wrong: one line, the usage-error status.
+        Err(err) if err.downcast_ref::<device::UsageError>().is_some() => {
+            eprintln!("rocectl: error: {err}");
+            ExitCode::from(2)
+        }
         Err(err) => {
             eprintln!("rocectl: error: {err:#}");
             ExitCode::FAILURE

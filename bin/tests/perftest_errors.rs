@@ -13,12 +13,13 @@ mod oob;
 mod perftest_common;
 
 use std::net::TcpListener;
+use std::process::Stdio;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use oob::perftest::{PerftestConn, PerftestDest, Tool};
 use oob::Timeout;
-use perftest_common::{args, run, Output};
+use perftest_common::{args, rocectl, run, wait, Output};
 use roce_testkit::netns::private_net;
 use roce_wire::{Gid, Psn, Qpn, RKey};
 
@@ -174,4 +175,64 @@ fn roce_peer_that_never_answers() {
     assert!(out.stderr.contains("status 12"), "{}", out.stderr);
     assert!(t.elapsed() < Duration::from_secs(20));
     fake.join().unwrap();
+}
+
+/// A bad engine count, from `--engines` or from `ROCECTL_ENGINES` (which every tool that opens
+/// a device reads, the pingpongs too): one line that names the value and the range, exit
+/// status 2, before anything is opened.
+#[test]
+fn bad_engine_counts_are_usage_errors() {
+    let range = "the number of engines is a whole number from 1 to 64";
+    let cases: [(&str, Option<&str>, String); 5] = [
+        (
+            "write-bw --engines 0 -q 2 127.0.0.1",
+            None,
+            format!("--engines 0: {range}"),
+        ),
+        (
+            "send-bw --engines 65 127.0.0.1",
+            None,
+            format!("--engines 65: {range}"),
+        ),
+        (
+            "read-bw --engines two 127.0.0.1",
+            None,
+            format!("--engines two: {range}"),
+        ),
+        (
+            "write-bw 127.0.0.1",
+            Some("0"),
+            format!("ROCECTL_ENGINES=0: {range}"),
+        ),
+        (
+            "rc-pingpong -d lo",
+            Some("many"),
+            format!("ROCECTL_ENGINES=many: {range}"),
+        ),
+    ];
+    for (cmd, env, line) in cases {
+        let t = Instant::now();
+        let mut c = rocectl();
+        c.args(args(cmd))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        match env {
+            Some(v) => c.env("ROCECTL_ENGINES", v),
+            None => c.env_remove("ROCECTL_ENGINES"),
+        };
+        let out = wait(c.spawn().expect("start rocectl"), LIMIT);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{cmd} (env {env:?}): {}",
+            out.stderr
+        );
+        assert_eq!(
+            out.stderr,
+            format!("rocectl: error: {line}\n"),
+            "{cmd} (env {env:?})"
+        );
+        assert!(t.elapsed() < Duration::from_secs(5), "{cmd}");
+    }
 }

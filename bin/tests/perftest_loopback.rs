@@ -8,7 +8,7 @@ mod perftest_common;
 
 use std::time::Duration;
 
-use perftest_common::{args, json_num, run, spawn, table, wait};
+use perftest_common::{args, json_num, run, spawn, spawn_env, table, wait};
 use roce_testkit::netns::private_net;
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -209,4 +209,69 @@ fn several_qps() {
     let (c, _) = pair(60, "atomic-bw", "-q 2 -n 500", Kind::Bw);
     assert_eq!(json_num(&c, "iters"), Some(1000.0), "{c}");
     pair(60, "read-bw", "-q 2 -n 200 -s 4096", Kind::Bw);
+}
+
+/// `-q 2 --engines 2`: each side's device runs two engines (a socket and a thread each, the
+/// kernel steering datagrams by destination QP), the two QPs land on different engines and
+/// each engine both sent and received; every WRITE of both QPs completed. `-q 4 --engines 2`
+/// puts two QPs on each engine. `ROCECTL_ENGINES` does the same without the flag, and the
+/// flag wins over it.
+#[test]
+fn two_qps_on_two_engines() {
+    for (q, n) in [(2, 400), (4, 200)] {
+        let (c, s) = pair(
+            61,
+            "write-bw",
+            &format!("-q {q} --engines 2 -n {n} -s 65536"),
+            Kind::Bw,
+        );
+        for (side, out) in [("client", &c), ("server", &s)] {
+            assert_eq!(json_num(out, "engines"), Some(2.0), "{side} -q {q}:\n{out}");
+            assert_eq!(
+                json_num(out, "engines_used"),
+                Some(2.0),
+                "{side} -q {q}: both engines moved packets:\n{out}"
+            );
+        }
+        assert_eq!(json_num(&c, "iters"), Some(f64::from(q * n)), "{c}");
+    }
+    // The environment variable: the server takes it (3, where its default would be
+    // min(-q, CPUs) ≤ 2); the client's flag (1) beats it.
+    let _net = private_net();
+    let env = [("ROCECTL_ENGINES", "3")];
+    let server = spawn_env(
+        &args(
+            "write-bw --local 127.0.62.2 -p 28562 --accept-timeout 30 --timeout 20 --json \
+             -q 2 -n 200",
+        ),
+        &env,
+    );
+    let client = spawn_env(
+        &args(
+            "write-bw --local 127.0.62.1 -p 28562 --timeout 20 --json -q 2 -n 200 \
+             --engines 1 127.0.62.2",
+        ),
+        &env,
+    );
+    let (client, server) = (wait(client, LIMIT), wait(server, LIMIT));
+    assert!(
+        client.status.success() && server.status.success(),
+        "client {:?}: {}\nserver {:?}: {}",
+        client.status,
+        client.stderr,
+        server.status,
+        server.stderr
+    );
+    assert_eq!(
+        json_num(&server.stdout, "engines"),
+        Some(3.0),
+        "{}",
+        server.stdout
+    );
+    assert_eq!(
+        json_num(&client.stdout, "engines"),
+        Some(1.0),
+        "{}",
+        client.stdout
+    );
 }

@@ -8,8 +8,10 @@
 //!   faults (`sim`); [`datapath::fault::FaultInjector`] adds seeded faults in front of any
 //!   of them;
 //! - the engine (private): receives, demultiplexes by QPN, runs the state machines, fires
-//!   timers and sends in batches, on a thread per device or under the application's
-//!   progress calls. Its logic is a sans-IO core (datagrams and time in; datagrams,
+//!   timers and sends in batches, on a thread per engine or under the application's
+//!   progress calls. A device runs one engine, or several ([`DeviceConfig::engines`]: one
+//!   socket, lock and thread each, every QP on one of them, the kernel steering datagrams to
+//!   their QP's engine). Its logic is a sans-IO core (datagrams and time in; datagrams,
 //!   completions, events and the next deadline out) around which the threaded and the
 //!   application-driven loops are thin shells; the time it reads comes from an injected
 //!   [`clock::Clock`], so a `sim` scenario on a [`clock::VirtualClock`] replays from its seed;

@@ -8,6 +8,15 @@
 //! second context on the same device in the same process shares that engine (the UDP port
 //! can be bound once per address), and the engine stops when the last context closes.
 //!
+//! # Engines
+//!
+//! The drop-in runs its device on one engine ([`DeviceConfig::engines`]`(1)`, explicitly) and
+//! does not read `ROCECTL_ENGINES`, which only the `rocectl` CLI tools read. The transport's
+//! own tests run every verb across engines, but the stock-tool suites that prove the drop-in
+//! (the lab, pyverbs, UCX, perftest through the daemon) have only run it on one: turning it
+//! on is a change to make with those suites, not a side effect of a variable meant for the
+//! CLI. (Through the daemon a device runs one engine anyway.)
+//!
 //! # Async events
 //!
 //! Each context has a queue of pending events and an `eventfd` in semaphore mode as
@@ -246,7 +255,10 @@ fn open_shared(rec: &'static DeviceRec) -> Result<Arc<OpenDevice>, i32> {
     if let Some(open) = slot.upgrade() {
         return Ok(open);
     }
-    let config = DeviceConfig::udp(rec.addr).name(rec.spec.name.clone());
+    // One engine, whatever ROCECTL_ENGINES says (module docs, "Engines").
+    let config = DeviceConfig::udp(rec.addr)
+        .name(rec.spec.name.clone())
+        .engines(1);
     let dev = roce_transport::Device::open(config).map_err(|e| {
         // The transport's hint for this one names the rocectl CLI's flags.
         let why = match &e {

@@ -35,7 +35,7 @@ use anyhow::bail;
 use clap::{Args, ValueEnum};
 use roce_transport::{Mtu, Progress, QpType};
 
-use crate::device::BackendKind;
+use crate::device::{engines_setting, BackendKind, Engines};
 use crate::limits;
 use crate::oob::perftest::{Role, Tool};
 use crate::oob::{Timeout, DEFAULT_PORT};
@@ -169,6 +169,10 @@ pub(crate) struct PerfArgs {
     /// the sum
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     qps: u32,
+    /// Engines of the device, 1 to 64 (each with its own thread and socket, the QPs spread
+    /// over them; udp backend): default ROCECTL_ENGINES, else min(-q, CPUs)
+    #[arg(long, value_name = "N")]
+    engines: Option<String>,
     /// Report bandwidth in Gb/sec instead of MB/sec
     #[arg(long = "report_gbits")]
     report_gbits: bool,
@@ -223,6 +227,8 @@ pub(crate) struct Config {
     qp_type: QpType,
     /// `-q`: queue pairs.
     qps: u32,
+    /// `--engines`, else `ROCECTL_ENGINES`, else min(`-q`, CPUs).
+    engines: Engines,
     sizes: Vec<u64>,
     /// `-a` (UD keeps the sizes that fit the path MTU).
     all: bool,
@@ -430,6 +436,10 @@ impl Config {
             },
         };
         let _ = a.cpu_freq;
+        // One engine per QP while there are cores for them: each engine is a thread that
+        // moves its QPs' packets.
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        let engines = engines_setting(a.engines.as_deref(), (a.qps as usize).min(cpus))?;
         Ok(Self {
             tool,
             role,
@@ -444,6 +454,7 @@ impl Config {
                 ConnType::Ud => QpType::Ud,
             },
             qps: a.qps,
+            engines,
             sizes,
             all: a.all,
             size_given: a.size.is_some(),

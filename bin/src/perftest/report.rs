@@ -323,7 +323,8 @@ impl Json {
     }
 
     /// Adds the device's counters that say how the transfer went (packets, retransmissions,
-    /// NAKs, drops), each under its own name.
+    /// NAKs, drops), each under its own name, then `engines` (how many the device runs) and
+    /// `engines_used` (how many of them both sent and received).
     pub(crate) fn counters(mut self, dev: &roce_transport::Device) -> Self {
         for (k, v) in dev.counters().iter() {
             self = self.num(k, v as f64);
@@ -331,7 +332,15 @@ impl Json {
         for (k, v) in dev.device_counters().iter() {
             self = self.num(&format!("dev_{k}"), v as f64);
         }
-        self
+        // The engines the device runs, and how many of them both sent and received (each
+        // QP's packets go through its own engine).
+        let used = dev
+            .engine_counters()
+            .iter()
+            .filter(|c| c.tx_packets > 0 && c.rx_delivered > 0)
+            .count();
+        self.num("engines", dev.engines() as f64)
+            .num("engines_used", used as f64)
     }
 
     /// The object's text.

@@ -647,15 +647,20 @@ fn open_device(cfg: &Config, peer: Option<IpAddr>) -> anyhow::Result<(Device, u8
             progress: cfg.progress,
             backend: cfg.backend,
             mtu: None,
+            engines: cfg.engines,
         });
     };
     let name = netdev::interface_for_addr(ip)
         .map(|n| n.name)
         .unwrap_or_else(|_| "rocectl0".into());
-    let mut config = DeviceConfig::udp(ip).name(name).progress(cfg.progress);
+    let mut config = DeviceConfig::udp(ip)
+        .name(name)
+        .progress(cfg.progress)
+        .engines(cfg.engines.n);
     config.capture = crate::signals::open_capture(cfg.pcap.as_deref(), &config.name)?;
     let dev = Device::open(config)
         .with_context(|| format!("opening the device on {ip} (--local {ip})"))?;
+    crate::device::report_engines(&dev, cfg.engines);
     let index = dev.local_gid_index().unwrap_or(0);
     let gid = dev.local_gid();
     Ok((dev, index, gid))

@@ -55,6 +55,8 @@ pub(super) fn run(opts: &Options) -> anyhow::Result<ExitCode> {
         mtu: None,
         pcap: c.pcap.clone(),
         progress: roce_transport::Progress::Thread,
+        // One QP: `ROCECTL_ENGINES` only (no flag), default one engine.
+        engines: crate::device::engines_setting(None, 1)?,
     })?;
     let port = device.query_port();
     let ifname = port

@@ -32,6 +32,18 @@ pub(crate) fn spawn(args: &[String]) -> Child {
         .expect("start rocectl")
 }
 
+/// Starts `args` with piped output and the environment variables `env` set.
+pub(crate) fn spawn_env(args: &[String], env: &[(&str, &str)]) -> Child {
+    rocectl()
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rocectl")
+}
+
 /// Waits for `child` until `limit`, killing it then (the test fails on its output).
 pub(crate) fn wait(mut child: Child, limit: Duration) -> Output {
     let mut out = child.stdout.take().expect("stdout piped");

@@ -288,7 +288,8 @@ impl DeviceConfig {
     /// alone (no daemon lease, no kernel demux membership, no forwarding ring). Anywhere else
     /// the device runs on one engine and says why ([`crate::Device::engines_fallback`]); that
     /// is not an error, since the result is correct, only not parallel. The library never
-    /// reads the environment for this: the CLI and the drop-in read `ROCECTL_ENGINES`.
+    /// reads the environment for this: the `rocectl` CLI tools read `ROCECTL_ENGINES`; the
+    /// drop-in `libibverbs` keeps one engine.
     pub fn engines(mut self, n: usize) -> Self {
         self.engines = n.clamp(1, MAX_ENGINES);
         self

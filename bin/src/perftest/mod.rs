@@ -91,7 +91,7 @@ pub(crate) enum RecvMode {
 /// Who drives the device's engine (`--progress`, for experiments).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum ProgressArg {
-    /// An engine thread per device.
+    /// An engine thread per engine of the device (`--engines`).
     Thread,
     /// The tool's own polling (nothing runs the engine while it waits on TCP).
     Manual,

@@ -304,9 +304,9 @@ pub enum UdpError {
         /// Ours.
         uid: u32,
     },
-    /// Kernel demux: a rocectl device with several engines holds the address with its own
-    /// reuseport group and steering program ([`super::shard`]); joining would replace its
-    /// program and strand its datagrams.
+    /// Kernel demux: a rocectl device with several engines ([`crate::DeviceConfig::engines`])
+    /// holds the address with its own reuseport group and steering program; joining would
+    /// replace its program and strand its datagrams.
     #[error(
         "kernel demux on {addr}: a rocectl device with several engines holds it (its own \
          SO_REUSEPORT group and steering; the daemon cannot share the address until it closes)"

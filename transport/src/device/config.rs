@@ -47,8 +47,9 @@ pub enum Backend {
 /// Who drives the engine.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Progress {
-    /// A thread per device receives, fires timers and sends; posts send at once from the
-    /// caller's thread. CQ polls that find nothing also make progress themselves.
+    /// A thread per engine (one per device unless [`DeviceConfig::engines`] asks for more)
+    /// receives, fires timers and sends; posts send at once from the caller's thread. CQ
+    /// polls that find nothing also make progress themselves.
     #[default]
     Thread,
     /// The application drives: [`crate::Device::progress`] and [`crate::Device::progress_wait`], or CQ

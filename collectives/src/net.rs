@@ -758,9 +758,9 @@ impl Net {
             .enumerate()
             .map(|(b, buf)| {
                 if written[b] {
-                    View::Mut(&mut **buf)
+                    View::Mut(buf)
                 } else {
-                    View::Ro(&**buf)
+                    View::Ro(buf)
                 }
             })
             .collect();

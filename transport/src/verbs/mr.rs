@@ -131,6 +131,41 @@ impl ProtectionDomain {
     /// than owns for good (sending from or receiving into an application buffer without a
     /// copy). Returns `f`'s result.
     ///
+    /// ```
+    /// use roce_transport::{Access, Device, DeviceConfig, SimNetwork};
+    /// let net = SimNetwork::perfect();
+    /// let dev = Device::open(DeviceConfig::sim(&net, "10.9.0.1".parse().unwrap())).unwrap();
+    /// let pd = dev.alloc_pd();
+    /// let mut buf = vec![0u8; 64];
+    /// let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    /// let rkey = pd.with_borrowed(&mut buf, rights, |mr| {
+    ///     mr.write(0, b"in place").unwrap();
+    ///     mr.rkey() // plain data may leave the scope; the region may not
+    /// });
+    /// assert!(rkey.is_ok());
+    /// assert_eq!(&buf[..8], b"in place");
+    /// ```
+    ///
+    /// The region cannot outlive the scope (so it cannot be kept, or `mem::forget`-ed,
+    /// registered past it):
+    /// ```compile_fail
+    /// # use roce_transport::{Access, Device, DeviceConfig, SimNetwork};
+    /// # let net = SimNetwork::perfect();
+    /// # let dev = Device::open(DeviceConfig::sim(&net, "10.9.0.1".parse().unwrap())).unwrap();
+    /// # let pd = dev.alloc_pd();
+    /// let mut buf = vec![0u8; 64];
+    /// let mr = pd.with_borrowed(&mut buf, Access::LOCAL_WRITE, |mr| mr).unwrap();
+    /// ```
+    /// and the caller cannot touch the buffer inside it (only the transport does):
+    /// ```compile_fail
+    /// # use roce_transport::{Access, Device, DeviceConfig, SimNetwork};
+    /// # let net = SimNetwork::perfect();
+    /// # let dev = Device::open(DeviceConfig::sim(&net, "10.9.0.1".parse().unwrap())).unwrap();
+    /// # let pd = dev.alloc_pd();
+    /// let mut buf = vec![0u8; 64];
+    /// pd.with_borrowed(&mut buf, Access::LOCAL_WRITE, |_mr| buf[0] = 1).unwrap();
+    /// ```
+    ///
     /// # Errors
     /// [`VerbsError::Register`]: [`Access::MW_BIND`] (windows are not bound to borrowed
     /// memory), inconsistent access flags, a full key table; `f` is not called then.
@@ -153,6 +188,25 @@ impl ProtectionDomain {
     /// from it, or exposing it to peers' RDMA READs): `access` may hold only
     /// [`Access::REMOTE_READ`] and [`Access::ZERO_BASED`], and [`MemoryRegion::write`] on the
     /// region is refused, so nothing writes `buf` while it is shared.
+    ///
+    /// The region cannot outlive the scope either, and the buffer cannot be written inside
+    /// it:
+    /// ```compile_fail
+    /// # use roce_transport::{Access, Device, DeviceConfig, SimNetwork};
+    /// # let net = SimNetwork::perfect();
+    /// # let dev = Device::open(DeviceConfig::sim(&net, "10.9.0.1".parse().unwrap())).unwrap();
+    /// # let pd = dev.alloc_pd();
+    /// let buf = vec![0u8; 64];
+    /// let mr = pd.with_borrowed_ref(&buf, Access::REMOTE_READ, |mr| mr).unwrap();
+    /// ```
+    /// ```compile_fail
+    /// # use roce_transport::{Access, Device, DeviceConfig, SimNetwork};
+    /// # let net = SimNetwork::perfect();
+    /// # let dev = Device::open(DeviceConfig::sim(&net, "10.9.0.1".parse().unwrap())).unwrap();
+    /// # let pd = dev.alloc_pd();
+    /// let mut buf = vec![0u8; 64];
+    /// pd.with_borrowed_ref(&buf, Access::REMOTE_READ, |_mr| buf[0] = 1).unwrap();
+    /// ```
     ///
     /// # Errors
     /// [`VerbsError::Register`]: any other access bit, a full key table; `f` is not called.

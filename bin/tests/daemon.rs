@@ -1840,3 +1840,124 @@ fn write_bw_chk_fails_on_a_corrupted_buffer() {
         s.combined()
     );
 }
+
+/// Engines and the daemon (`--engines`, `DeviceConfig::engines`). A `write-bw -q 2 --engines 2`
+/// pair through the daemon runs one engine on each side (a leased device cannot steer its
+/// address's group), says so on stderr, and moves its data. A sharded device that holds the
+/// address alone (`ROCECTL_EXCLUSIVE=1`, two engines) keeps the daemon's kernel-demux clients
+/// off it: a tool that asks the daemon fails with "address in use … several engines" instead
+/// of joining the group and taking over its steering; once the sharded device is gone, the
+/// same tool runs through the daemon.
+#[test]
+fn engines_through_the_daemon_run_one_and_a_sharded_device_keeps_members_off() {
+    let test = "engines_through_the_daemon_run_one_and_a_sharded_device_keeps_members_off";
+    if !netns_or_skip(test) {
+        return;
+    }
+    let ns = TempNetns::create("dmn-eng").unwrap();
+    let d = Daemon::start("eng", Some(&ns), "");
+    fn bw<'a>(port: &'a str, host: Option<&'a str>) -> Vec<&'a str> {
+        let mut a = vec![
+            "write-bw",
+            "-d",
+            "lo",
+            "-p",
+            port,
+            "-q",
+            "2",
+            "--engines",
+            "2",
+            "-n",
+            "200",
+            "--timeout",
+            "20",
+            "--json",
+        ];
+        a.extend(host);
+        a
+    }
+    let server = tool(&ns, &d, &bw("18741", None), "write-bw server (daemon)");
+    wait_for(Duration::from_secs(20), "the server registered", || {
+        (!d.clients_with_pid(server.pid()).is_empty()).then_some(())
+    });
+    let client = tool(
+        &ns,
+        &d,
+        &bw("18741", Some("127.0.0.1")),
+        "write-bw client (daemon)",
+    );
+    let (c, s) = (
+        client.wait(Duration::from_secs(60)),
+        server.wait(Duration::from_secs(60)),
+    );
+    for out in [&c, &s] {
+        assert!(out.success(), "{}", out.combined());
+        let j = json_line(&out.stdout);
+        assert_eq!(j["engines"], 1, "{}", out.stdout);
+        assert!(
+            out.stderr.contains(
+                "2 engine(s) asked for, 1 running: the rocectl daemon serves this address"
+            ),
+            "{}",
+            out.stderr
+        );
+    }
+    assert_eq!(json_line(&c.stdout)["iters"], 400, "{}", c.stdout);
+
+    // A sharded device alone on the address, then a daemon client.
+    let mut cmd = ns.command("env");
+    cmd.arg(format!("ROCECTL_DAEMON_SOCKET={}", d.socket.display()));
+    cmd.arg("ROCECTL_EXCLUSIVE=1");
+    cmd.args([
+        ROCECTL,
+        "write-bw",
+        "-d",
+        "lo",
+        "-p",
+        "18742",
+        "-q",
+        "2",
+        "--engines",
+        "2",
+        "--accept-timeout",
+        "30",
+    ]);
+    let sharded = Proc::spawn(cmd, "sharded write-bw server", &d.dir.0).unwrap();
+    wait_for(
+        Duration::from_secs(10),
+        "the sharded device listening",
+        || roce_testkit::proc::listening(sharded.pid(), 18_742).then_some(()),
+    );
+    let member = tool(
+        &ns,
+        &d,
+        &["rc-pingpong", "-d", "lo", "-p", "18743"],
+        "pingpong server beside the sharded device",
+    )
+    .wait(Duration::from_secs(20));
+    assert!(
+        !member.success() && !member.timed_out,
+        "{}",
+        member.combined()
+    );
+    assert!(
+        member.stderr.contains("already in use") && member.stderr.contains("several engines"),
+        "{}",
+        member.stderr
+    );
+    signal(sharded.pid(), "-TERM");
+    let out = sharded.wait(Duration::from_secs(10));
+    assert!(!out.timed_out, "{}", out.combined());
+    // The address is the daemon's again.
+    let again = tool(
+        &ns,
+        &d,
+        &["rc-pingpong", "-d", "lo", "-p", "18744"],
+        "pingpong server after the sharded device",
+    );
+    wait_for(
+        Duration::from_secs(20),
+        "the pingpong server registered",
+        || (!d.clients_with_pid(again.pid()).is_empty()).then_some(()),
+    );
+}

@@ -3,11 +3,13 @@
 //! - `config`: how to open a device ([`DeviceConfig`], [`Backend`], [`Progress`]);
 //! - `attr`: what a device and its port report;
 //! - `thread`: who drives the engine, the lock order and the doorbell's wake protocol (read
-//!   its module doc before changing anything that takes a lock).
+//!   its module doc before changing anything that takes a lock);
+//! - `wait`: blocking waits that run the engine in the waiting thread.
 
 mod attr;
 mod config;
 mod thread;
+pub(crate) mod wait;
 
 use std::io;
 use std::net::SocketAddr;
@@ -29,7 +31,7 @@ use crate::clock;
 use crate::counters::{Counters, DeviceCounters};
 use crate::cq::AsyncEvent;
 use crate::datapath::Datapath;
-use crate::engine::Engine;
+use crate::engine::{Engine, PassResult};
 use crate::error::OpenError;
 use crate::ids::Ids;
 use crate::netdev::NetDevice;
@@ -62,6 +64,8 @@ pub(crate) struct DeviceShared {
     pub(crate) app_polled: AtomicU64,
     /// The engine thread, to unpark it from its step-back (see `run_thread`).
     pub(crate) engine_thread: std::sync::OnceLock<std::thread::Thread>,
+    /// Application threads blocked in the datapath, and the engine thread's side of it.
+    pub(crate) wait: wait::WaitState,
     /// The link to the rocectl daemon, when it serves this device's address.
     pub(crate) daemon: Option<Arc<crate::control::DaemonClient>>,
 }
@@ -236,6 +240,7 @@ impl Device {
             sleep_until: AtomicU64::new(0),
             app_polled: AtomicU64::new(0),
             engine_thread: std::sync::OnceLock::new(),
+            wait: wait::WaitState::default(),
             daemon,
         });
         if let Some(d) = &shared.daemon {
@@ -403,13 +408,24 @@ impl Device {
 
     /// Progress if nobody else is making it right now (CQ polls that found nothing).
     pub(crate) fn try_progress(&self, completed: impl FnOnce() -> bool) {
+        let _ = self.try_progress_pass(true, completed);
+    }
+
+    /// [`Self::try_progress`], saying what the pass did (`None`: another thread held the
+    /// engine). With `stamp`, the pass counts as an application poll (`app_polled`: the
+    /// engine thread steps back for a window).
+    pub(crate) fn try_progress_pass(
+        &self,
+        stamp: bool,
+        completed: impl FnOnce() -> bool,
+    ) -> Option<PassResult> {
         let s = self.shared();
-        if s.progress == Progress::Thread {
+        if stamp && s.progress == Progress::Thread {
             s.app_polled
                 .store(thread::since_epoch_ns(), Ordering::Relaxed);
         }
         let Ok(mut e) = s.engine.try_lock() else {
-            return;
+            return None;
         };
         // A poller's pass defers what it would send (the ACK of a message just received)
         // when the poll is about to return a completion: the application's next post (a
@@ -417,14 +433,14 @@ impl Device {
         // progress does. Otherwise (nothing for this poller: say the ACKs that opened a
         // window) it is sent at once. With manual progress every pass defers (the next pass
         // or post sends).
-        e.progress(true);
+        let r = e.progress(true);
         if s.progress != Progress::Thread || !e.tx_waiting() {
             // Manual progress defers until the next pass, whatever the poll finds.
-            return;
+            return Some(r);
         }
         if !completed() {
             e.kick();
-            return;
+            return Some(r);
         }
         {
             // Should the application stop polling now, the engine thread's next pass sends
@@ -439,6 +455,7 @@ impl Device {
                 s.wake();
             }
         }
+        Some(r)
     }
 
     /// A fresh random QPN, unique among live QPs and not recently used (`None`: every QPN

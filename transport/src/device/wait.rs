@@ -65,6 +65,12 @@
 //! waiter is registered (`CompletionQueue::wait`; the same argument on the CQ lock): a
 //! completion never sits in the queue while every registered waiter sleeps.
 //!
+//! A round after one whose pass received something makes its pass without sleeping first: an
+//! RC message usually comes as two datagrams, the answer and the ACK of what this side sent,
+//! and the second is often right behind the first (one receive call instead of a `ppoll` that
+//! returns at once and then the receive). Skipping a sleep cannot lose a wake-up: the round
+//! still checks first and passes.
+//!
 //! The pass the waiter makes when it wakes may not empty the datapath (its receive budget ran
 //! out); it then makes another at once rather than sleep on a descriptor that need not be
 //! readable again (the forwarding ring's eventfd is written only to a consumer that said it
@@ -121,8 +127,13 @@ pub(crate) enum WaitFor<'a> {
 pub(crate) enum Woke {
     /// `ready()` returned true (checked under the engine lock before sleeping).
     Ready,
-    /// Slept and ran a pass; check again.
-    Passed,
+    /// Ran a pass (after a sleep, unless told not to); check again. `received`: the pass
+    /// received datagrams (a message often comes as two, its ACK right behind it: the next
+    /// round then passes again before it sleeps).
+    Passed {
+        /// Whether the pass received any datagram.
+        received: bool,
+    },
 }
 
 /// How long a waiter sleeps at most while the datapath refuses datagrams (as the engine
@@ -142,9 +153,11 @@ impl Device {
 
     /// One round of a blocking wait that runs the engine in this thread (module docs):
     /// registers as a waiter (in the CQ for [`WaitFor::Cq`], and in the device), checks
-    /// `ready` under the engine lock (returns [`Woke::Ready`] if it holds), sends what a pass
-    /// deferred, sleeps until the datapath or the [`WaitFor`] descriptor is readable, the next
-    /// engine deadline or `deadline`, whichever comes first, and then runs a pass
+    /// `ready` under the engine lock (returns [`Woke::Ready`] if it holds); with `sleep`,
+    /// sends what a pass deferred and sleeps until the datapath or the [`WaitFor`] descriptor
+    /// is readable, the next engine deadline or `deadline`, whichever comes first (without,
+    /// the previous round's pass received something and more may be right behind it); and
+    /// then runs a pass
     /// ([`Woke::Passed`]; `completed`, which may run under the engine lock, says whether the
     /// caller now has what it waited for and returns to the application: the ACK the pass
     /// built then waits for the application's next post, as after a poll that returns a
@@ -153,6 +166,7 @@ impl Device {
         &self,
         deadline: Instant,
         on: WaitFor<'_>,
+        sleep: bool,
         ready: impl FnOnce() -> bool,
         completed: impl Fn() -> bool,
     ) -> Woke {
@@ -167,32 +181,39 @@ impl Device {
             if ready() {
                 return Woke::Ready;
             }
-            let (fd, timer) = before_sleep(&mut e);
-            (fd, timer, e.tx_waiting())
+            if sleep {
+                let (fd, timer) = before_sleep(&mut e);
+                (fd, timer, e.tx_waiting())
+            } else {
+                (None, None, false)
+            }
         };
-        let mut wait = deadline.saturating_duration_since(Instant::now());
-        if let Some(t) = timer {
-            wait = wait.min(t);
-        }
-        if tx_blocked || fd.is_none() {
-            wait = wait.min(TX_BLOCKED_NAP);
-        }
-        let [_, woken] = sleep_on([fd, Some(wake.as_raw_fd())], wait);
-        if woken && cq.is_some() {
-            // Read after the sleep that saw it, before the next check (module docs).
-            wake.drain();
+        if sleep {
+            let mut wait = deadline.saturating_duration_since(Instant::now());
+            if let Some(t) = timer {
+                wait = wait.min(t);
+            }
+            if tx_blocked || fd.is_none() {
+                wait = wait.min(TX_BLOCKED_NAP);
+            }
+            let [_, woken] = sleep_on([fd, Some(wake.as_raw_fd())], wait);
+            if woken && cq.is_some() {
+                // Read after the sleep that saw it, before the next check (module docs).
+                wake.drain();
+            }
         }
         drop(registered);
         // A pass whose receive budget ran out leaves datagrams the descriptor need not
         // announce again (module docs): make the next one at once, unless the caller has
         // what it waited for (it returns; the rest is for the next pass) or its time is up.
-        while self
-            .try_progress_pass(cq.is_some(), &completed)
-            .is_some_and(|r| r.more_rx)
-            && !completed()
-            && Instant::now() < deadline
-        {}
-        Woke::Passed
+        let mut received = false;
+        while let Some(r) = self.try_progress_pass(cq.is_some(), &completed) {
+            received |= r.received > 0;
+            if !r.more_rx || completed() || Instant::now() >= deadline {
+                break;
+            }
+        }
+        Woke::Passed { received }
     }
 }
 

@@ -78,7 +78,7 @@ impl CompletionQueue {
         } else {
             None
         };
-        let mut last = false;
+        let (mut last, mut sleep) = (false, true);
         loop {
             let (n, left) = {
                 let mut q = lock(&self.shared.queue);
@@ -101,12 +101,16 @@ impl CompletionQueue {
                 // that pass built waits for the application's next post, which is usually the
                 // answer (a ping-pong's reply, after waiting for its send's completion).
                 let has_completion = || !lock(&self.shared.queue).is_empty();
-                let _ = self.dev.wait_running_engine(
+                sleep = match self.dev.wait_running_engine(
                     deadline,
                     wait::WaitFor::Cq(&self.shared, w),
+                    sleep,
                     has_completion,
                     has_completion,
-                );
+                ) {
+                    wait::Woke::Ready => true,
+                    wait::Woke::Passed { received } => !received,
+                };
                 last = Instant::now() >= deadline;
                 continue;
             }
@@ -206,6 +210,28 @@ impl CompletionQueue {
     /// `ibv_ack_cq_events`). Returns whether one came.
     pub fn get_event(&self, timeout: Duration) -> bool {
         let deadline = wait::deadline_after(timeout);
+        if self.dev.can_wait_in_datapath() {
+            // Run the engine here until the channel fires (`device/wait.rs`); the push that
+            // fires it makes the event fd readable, which the wait sleeps on too. Once it has
+            // fired (the CQ is disarmed) the application polls and answers next, so the
+            // pass's ACK may wait for that post, as for a CQ wait.
+            let mut sleep = true;
+            loop {
+                match self.dev.wait_running_engine(
+                    deadline,
+                    wait::WaitFor::Channel(&self.shared.event),
+                    sleep,
+                    || self.shared.event.drain(),
+                    || self.shared.armed.load(Ordering::Acquire) == NOTIFY_NONE,
+                ) {
+                    wait::Woke::Ready => return true,
+                    wait::Woke::Passed { received } => sleep = !received,
+                }
+                if Instant::now() >= deadline {
+                    return self.shared.event.drain();
+                }
+            }
+        }
         loop {
             if self.shared.event.drain() {
                 return true;
@@ -213,22 +239,6 @@ impl CompletionQueue {
             let now = Instant::now();
             if now >= deadline {
                 return false;
-            }
-            if self.dev.can_wait_in_datapath() {
-                // Run the engine here until the channel fires (`device/wait.rs`); the push
-                // that fires it makes the event fd readable, which the wait sleeps on too.
-                // The channel fired (it is disarmed): the application polls and answers next,
-                // so the pass's ACK may wait for that post, as for a CQ wait.
-                let w = self.dev.wait_running_engine(
-                    deadline,
-                    wait::WaitFor::Channel(&self.shared.event),
-                    || self.shared.event.drain(),
-                    || self.shared.armed.load(Ordering::Acquire) == NOTIFY_NONE,
-                );
-                if w == wait::Woke::Ready {
-                    return true;
-                }
-                continue;
             }
             match self.dev.shared().progress {
                 crate::Progress::Manual => {

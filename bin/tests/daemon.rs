@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use roce_testkit::daemon;
 use roce_testkit::netns::{netns_or_skip, NetnsEnd, NetnsPair, TempNetns};
 use roce_testkit::proc::Proc;
 use roce_transport::control::sys::{read_frame, write_frame};
@@ -100,24 +101,21 @@ impl Daemon {
     /// As [`Self::start`], serving `address`, in any namespace.
     fn start_at(tag: &str, ns: Option<&dyn InNs>, address: &str, config: &str) -> Self {
         let dir = TmpDir::new(tag);
-        let socket = dir.0.join("rocectl.sock");
-        let cfg = dir.0.join("rocectl.toml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "address = \"{address}\"\n{config}\n[socket]\npath = \"{}\"\nmode = 0o666\n",
-                socket.display()
-            ),
+        let cfg = daemon::write_config(
+            &dir.0,
+            &format!("address = \"{address}\"\n{config}"),
+            Some(0o666),
         )
         .unwrap();
+        let socket = cfg.socket;
         let mut cmd = match ns {
             Some(ns) => ns.cmd(ROCECTL),
             None => Command::new(ROCECTL),
         };
-        cmd.args(["daemon", "--config"]).arg(&cfg);
+        cmd.args(["daemon", "--config"]).arg(&cfg.path);
         cmd.env("RUST_LOG", "info");
         let proc = Proc::spawn(cmd, "rocectl daemon", &dir.0).unwrap();
-        let d = Self {
+        let mut d = Self {
             proc: Some(proc),
             socket,
             dir,
@@ -144,15 +142,10 @@ impl Daemon {
         self.wait_for_socket();
     }
 
-    fn wait_for_socket(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while UnixStream::connect(&self.socket).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "the daemon did not come up: {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
+    fn wait_for_socket(&mut self) {
+        let proc = self.proc.as_mut().unwrap();
+        if let Err(e) = daemon::wait_until_serving(proc, &self.socket, Duration::from_secs(10)) {
+            panic!("{e}");
         }
     }
 
@@ -1203,8 +1196,26 @@ fn note_clients(daemons: &[&Daemon], seen: &mut [HashSet<u32>]) {
     }
 }
 
+/// Every pid each daemon's log says it allocated a QPN range to, added to `seen` (one set per
+/// daemon): a process that lived between two `res show` polls is only in the log.
+fn note_logged_clients(daemons: &[&Daemon], seen: &mut [HashSet<u32>]) {
+    for (d, set) in daemons.iter().zip(seen.iter_mut()) {
+        for line in d
+            .log()
+            .lines()
+            .filter(|l| l.contains("QPN range allocated"))
+        {
+            let pid: Option<u32> = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("pid="))
+                .and_then(|p| p.parse().ok());
+            set.extend(pid);
+        }
+    }
+}
+
 /// Waits for both processes of every pair, at most `limit` in all, watching the daemons'
-/// `res show -j` meanwhile. Asserts that every process exited 0, that every `--chk` perftest
+/// `res show -j` meanwhile (and their logs after). Asserts that every process exited 0, that every `--chk` perftest
 /// side reports its data verified, and that each daemon listed every process of its side
 /// (servers: `daemons[0]`, clients: `daemons[1]`, which may be the same daemon).
 fn finish_pairs(pairs: Vec<Pair>, daemons: [&Daemon; 2], limit: Duration) -> Vec<Finished> {
@@ -1241,6 +1252,7 @@ fn finish_pairs_seen(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    note_logged_clients(&daemons, &mut seen);
     let mut outs = Vec::new();
     for p in pairs {
         let left = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(1);

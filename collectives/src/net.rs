@@ -61,15 +61,15 @@ use std::time::{Duration, Instant};
 use std::collections::VecDeque;
 
 use roce_transport::{
-    Access, Completion, CompletionQueue, ConnectOptions, Device, Gid, ProtectionDomain, Psn,
-    QpConfig, QpInit, QpType, Qpn, QueuePair, RKey, RecvWr, RemoteQp, SendData, SendOp, SendWr,
-    WcOpcode, WcStatus,
+    Access, Completion, CompletionQueue, ConnectOptions, Device, Gid, MemoryRegion,
+    ProtectionDomain, Psn, QpConfig, QpInit, QpType, Qpn, QueuePair, RKey, RecvWr, RemoteQp,
+    SendData, SendOp, SendWr, Sge, VerbsError, WcOpcode, WcStatus,
 };
 
 use crate::codec::{Dec, Enc, Short};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CollError;
-use crate::pinned::{Pinned, SlotMem};
+use crate::pinned::SlotMem;
 use crate::reduce::{reduce_into, reduce_many};
 use crate::status::Status;
 
@@ -258,12 +258,90 @@ struct Peer {
     fin_rx: usize,
     /// Our FINs to this peer not completed yet.
     fin_tx: usize,
+    /// Send staging (`slots × chunk` bytes, registered when first needed): large chunks of a
+    /// buffer the phase also writes are copied here and sent from here, chunk `seq` from
+    /// slot `seq % slots`.
+    stage: Option<MemoryRegion>,
+    /// Per staging slot: the chunk last sent from it (its WRITE is signalled; the slot is
+    /// reused once that completed).
+    stage_seq: Vec<Option<u64>>,
 }
 
 impl Peer {
     /// Whether the peer has closed: a FIN came on every QP, after all its data.
     fn closed(&self) -> bool {
         self.fin_rx >= self.qps.len()
+    }
+
+    /// Copies chunk `seq`'s `bytes` into its staging slot and returns the entry to send it
+    /// from; `None` while the slot's previous chunk is still in flight.
+    fn stage(
+        &mut self,
+        pd: &ProtectionDomain,
+        seq: u64,
+        slots: usize,
+        chunk: usize,
+        bytes: &[u8],
+    ) -> Result<Option<Sge>, String> {
+        let nqp = self.qps.len() as u64;
+        let i = (seq % slots as u64) as usize;
+        if let Some(prev) = self.stage_seq[i] {
+            if prev >= self.qp_done[(prev % nqp) as usize] {
+                return Ok(None);
+            }
+        }
+        let mr = match &mut self.stage {
+            Some(mr) => mr,
+            none @ None => none.insert(
+                pd.register_zeroed(slots * chunk, Access::empty())
+                    .map_err(|e| format!("registering {} bytes: {e}", slots * chunk))?,
+            ),
+        };
+        mr.write(i * chunk, bytes)
+            .map_err(|e| format!("copying {} bytes in: {e}", bytes.len()))?;
+        self.stage_seq[i] = Some(seq);
+        Ok(Some(mr.sge(i * chunk, bytes.len())))
+    }
+}
+
+/// One of an operation's buffers during a phase: written by it, or only read (and then
+/// possibly lent to the transport).
+enum View<'a> {
+    Mut(&'a mut [u8]),
+    Ro(&'a [u8]),
+}
+
+impl View<'_> {
+    fn get(&self) -> &[u8] {
+        match self {
+            View::Mut(b) => b,
+            View::Ro(b) => b,
+        }
+    }
+    fn get_mut(&mut self) -> Option<&mut [u8]> {
+        match self {
+            View::Mut(b) => Some(b),
+            View::Ro(_) => None,
+        }
+    }
+}
+
+/// Lends each of `bufs` read-only to the transport (nested scopes of
+/// [`ProtectionDomain::with_borrowed_ref`]) and runs `f` with their regions, in order
+/// (`prefix` first): deregistered, and so out of the transport's reach, when this returns.
+fn with_lent<R>(
+    pd: &ProtectionDomain,
+    bufs: &[&[u8]],
+    prefix: &[&MemoryRegion],
+    f: &mut dyn FnMut(&[&MemoryRegion]) -> R,
+) -> Result<R, VerbsError> {
+    match bufs.split_first() {
+        None => Ok(f(prefix)),
+        Some((first, rest)) => pd.with_borrowed_ref(first, Access::empty(), |mr| {
+            let mut all = prefix.to_vec();
+            all.push(mr);
+            with_lent(pd, rest, &all, f)
+        })?,
     }
 }
 
@@ -376,6 +454,8 @@ impl Net {
                 cts_pending: 0,
                 fin_rx: 0,
                 fin_tx: 0,
+                stage: None,
+                stage_seq: vec![None; cfg.slots],
             }));
         }
         Ok(Self {
@@ -660,13 +740,80 @@ impl Net {
         phase: &dyn Fn() -> String,
     ) -> Result<(), CollError> {
         let rank = self.rank;
+        // The buffers large chunks are sent from in place: the source, and every buffer no
+        // receive of this phase writes, lent read-only to the transport for the phase
+        // (`with_borrowed_ref`: nothing writes them meanwhile). A buffer the phase also
+        // writes is not lent (its bytes are written while WRITEs may read others): its
+        // large chunks go through the peer's send staging instead (`Peer::stage`).
+        let zc_from = |b: usize| {
+            x.sends
+                .iter()
+                .any(|s| s.src.buf == b && s.src.len.min(self.cfg.chunk) >= ZERO_COPY_MIN)
+        };
+        let written: Vec<bool> = (0..bufs.len())
+            .map(|b| x.recvs.iter().any(|r| r.dst.buf == b))
+            .collect();
+        let mut views: Vec<View<'_>> = bufs
+            .iter_mut()
+            .enumerate()
+            .map(|(b, buf)| {
+                if written[b] {
+                    View::Mut(buf)
+                } else {
+                    View::Ro(buf)
+                }
+            })
+            .collect();
+        let mut lend: Vec<(usize, &[u8])> = Vec::new();
+        if zc_from(SRC) {
+            lend.push((SRC, src));
+        }
+        for (b, v) in views.iter().enumerate() {
+            if let View::Ro(buf) = v {
+                if zc_from(b) {
+                    lend.push((b, buf));
+                }
+            }
+        }
+        let pd = self.pd.clone();
+        let lent: Vec<&[u8]> = lend.iter().map(|(_, b)| *b).collect();
+        let which: Vec<usize> = lend.iter().map(|(b, _)| *b).collect();
+        let mut body = |mrs: &[&MemoryRegion]| {
+            let lookup = |b: usize| which.iter().position(|w| *w == b).map(|i| mrs[i]);
+            self.run_lent(x, &mut views, src, &lookup, red, deadline, timeout, phase)
+        };
+        with_lent(&pd, &lent, &[], &mut body).map_err(|e| CollError::Transport {
+            rank,
+            what: format!("registering a buffer in place in {}: {e}", phase()),
+        })?
+    }
+
+    /// [`Self::run`]'s body: `lent(b)` is buffer `b`'s region when it is lent to the
+    /// transport for the phase.
+    #[allow(
+        clippy::too_many_lines,
+        clippy::needless_range_loop,
+        clippy::too_many_arguments
+    )]
+    fn run_lent<'m>(
+        &mut self,
+        x: &Xfer,
+        bufs: &mut [View<'_>],
+        src: &[u8],
+        lent: &dyn Fn(usize) -> Option<&'m MemoryRegion>,
+        red: Option<(DataType, ReduceOp)>,
+        deadline: Instant,
+        timeout: Duration,
+        phase: &dyn Fn() -> String,
+    ) -> Result<(), CollError> {
+        let rank = self.rank;
         let inval = |w: String| {
             Err(CollError::InvalidArgument(format!(
                 "internal schedule: {w}"
             )))
         };
         // Check the schedule against the buffers and the connections once.
-        let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
+        let lens: Vec<usize> = bufs.iter().map(|b| b.get().len()).collect();
         let blen = |i: usize| {
             if i == SRC {
                 Some(src.len())
@@ -686,7 +833,9 @@ impl Net {
             }
         }
         for r in &x.recvs {
-            if bufs.get(r.dst.buf).is_none_or(|b| r.dst.end() > b.len())
+            if bufs
+                .get(r.dst.buf)
+                .is_none_or(|b| r.dst.end() > b.get().len())
                 || (r.apply == Apply::ReduceFromSource && r.dst.end() > src.len())
             {
                 return inval(format!("receive region {:?} out of bounds", r.dst));
@@ -716,12 +865,9 @@ impl Net {
         let mut sq: Vec<VecDeque<usize>> = vec![VecDeque::new(); npeers];
         let mut rq: Vec<VecDeque<usize>> = vec![VecDeque::new(); npeers];
         // Per peer, the chunks posted and not yet known complete: (seq, send, bytes, sent in
-        // place). Inline chunks are complete when posted; they queue behind in-place ones
-        // so that `acked` stays a prefix.
+        // place). Inline and staged chunks are complete when posted; they queue behind
+        // in-place ones so that `acked` stays a prefix.
         let mut inflight: Vec<VecDeque<(u64, usize, usize, bool)>> = vec![VecDeque::new(); npeers];
-        // The operation's buffers registered in place, as the first large chunk of each goes.
-        let mut pins: Vec<Option<Pinned>> = (0..bufs.len()).map(|_| None).collect();
-        let mut pin_src: Option<Pinned> = None;
         for (i, s) in x.sends.iter().enumerate() {
             sq[s.peer].push_back(i);
         }
@@ -770,42 +916,40 @@ impl Net {
                         break;
                     }
                     let zc = clen >= ZERO_COPY_MIN;
-                    let data = if zc {
-                        let held = if s.src.buf == SRC {
-                            &mut pin_src
-                        } else {
-                            &mut pins[s.src.buf]
-                        };
-                        let pin = match held {
-                            Some(pin) => pin,
-                            slot @ None => {
-                                let made = if s.src.buf == SRC {
-                                    Pinned::new_read_only(&self.pd, src)
-                                } else {
-                                    Pinned::new(&self.pd, bufs[s.src.buf])
-                                };
-                                slot.insert(made.map_err(|e| CollError::Transport {
-                                    rank,
-                                    what: format!(
-                                        "registering a buffer of {} bytes in {}: {e}",
-                                        blen(s.src.buf).unwrap_or(0),
-                                        phase()
-                                    ),
-                                })?)
-                            }
-                        };
-                        SendData::Sges(vec![pin.mr().sge(a, clen)])
-                    } else if s.src.buf == SRC {
-                        SendData::Inline(src[a..b].to_vec())
+                    let bytes = if s.src.buf == SRC {
+                        &src[a..b]
                     } else {
-                        SendData::Inline(bufs[s.src.buf][a..b].to_vec())
+                        &bufs[s.src.buf].get()[a..b]
+                    };
+                    let seq = peer.tx_seq;
+                    // Whether the chunk is read from the buffer itself (its bytes may be
+                    // overwritten once the WRITE completed); staged and inline ones were
+                    // copied at the post.
+                    let mut in_place = false;
+                    let data = match (zc, lent(s.src.buf)) {
+                        // Sent in place from the lent buffer.
+                        (true, Some(mr)) => {
+                            in_place = true;
+                            SendData::Sges(vec![mr.sge(a, clen)])
+                        }
+                        // Copied into the send staging (its slot's previous WRITE done).
+                        (true, None) => match peer.stage(&self.pd, seq, slots, chunk, bytes) {
+                            Ok(Some(sge)) => SendData::Sges(vec![sge]),
+                            Ok(None) => break,
+                            Err(e) => {
+                                return Err(CollError::Transport {
+                                    rank,
+                                    what: format!("send staging in {}: {e}", phase()),
+                                })
+                            }
+                        },
+                        (false, _) => SendData::Inline(bytes.to_vec()),
                     };
                     // Signalled: the chunks sent in place (their bytes may be overwritten only
                     // once they completed). An inline chunk's completion would tell nothing
                     // (its bytes were copied at the post; the transport retires unsignalled
                     // requests as they are acknowledged) and would wake this rank for it.
                     let last = zc;
-                    let seq = peer.tx_seq;
                     let slot = (seq % slots as u64) as usize;
                     let qp = &peer.qps[(seq % nqp as u64) as usize];
                     // The credits this rank owes the peer go with the chunk.
@@ -832,7 +976,7 @@ impl Net {
                     peer.tx_seq += 1;
                     peer.cts_pending -= credits;
                     sent[i] += clen;
-                    inflight[p].push_back((seq, i, clen, zc));
+                    inflight[p].push_back((seq, i, clen, in_place));
                     progressed = true;
                     if sent[i] == s.src.len {
                         sq[p].pop_front();
@@ -878,7 +1022,11 @@ impl Net {
                     if !ready {
                         break;
                     }
-                    let dst = &mut bufs[r.dst.buf][a..b];
+                    // A buffer a receive writes is never lent (`run`).
+                    let Some(dst) = bufs[r.dst.buf].get_mut() else {
+                        return inval("a receive into a lent buffer".into());
+                    };
+                    let dst = &mut dst[a..b];
                     // The slot is full (its completion was taken) and not granted back
                     // before it has been applied: read in place.
                     let incoming = peer.rx.bytes(slot * chunk, clen);

@@ -1,13 +1,15 @@
-//! Memory the transport reads and writes in place (registered with
-//! [`ProtectionDomain::register_raw`], as a NIC registers `ibv_reg_mr` memory): the receive
-//! slots, which the collectives then read without copying them out first, and an operation's
-//! own buffers, which the RDMA WRITEs of large chunks send from without copying them into the
-//! work request. The only `unsafe` of the crate is here.
+//! The receive slots: memory the transport writes in place (registered with
+//! [`ProtectionDomain::register_raw`], as a NIC registers `ibv_reg_mr` memory) and the
+//! collectives then read without copying it out first. The only `unsafe` of the crate is
+//! here. (An operation's own buffers are lent to the transport with the safe, scoped
+//! [`ProtectionDomain::with_borrowed_ref`] instead: see `net.rs`.)
 //!
 //! The transport's side of every access is a relaxed atomic; ordering with ours comes from
 //! completions, as with a NIC's DMA (`register_raw`'s contract): a slot is read only after
-//! the receive completion that says it is full and before it is granted back, and a buffer a
-//! WRITE sends from is not overwritten before that WRITE has completed.
+//! the receive completion that says it is full and before it is granted back. That is a
+//! claim about the protocol (a peer writes a slot only with a credit for it), which no safe
+//! interface can check, so reading slots in place stays `unsafe`; a safe read would copy
+//! each chunk out first.
 
 use std::sync::atomic::AtomicU64;
 
@@ -77,50 +79,5 @@ impl SlotMem {
         unsafe {
             std::slice::from_raw_parts(base.add(at), len)
         }
-    }
-}
-
-/// An operation buffer registered in place for the length of one transfer phase, so that
-/// WRITEs send from it directly (local read only: no peer can reach it).
-pub(crate) struct Pinned {
-    mr: MemoryRegion,
-}
-
-impl Pinned {
-    /// Registers `buf` in place.
-    ///
-    /// The caller keeps `buf` alive and in place until the returned value is dropped (the
-    /// drop deregisters it and waits for any read in progress), and does not write bytes a
-    /// posted WRITE still reads from before that WRITE has completed.
-    pub(crate) fn new(pd: &ProtectionDomain, buf: &mut [u8]) -> Result<Self, VerbsError> {
-        let ptr = buf.as_mut_ptr();
-        // SAFETY: `buf` is valid for reads and writes of `buf.len()` bytes; the executor
-        // holds the borrow it came from for longer than the returned region lives (it drops
-        // its `Pinned`s before returning), and the engine only reads it (local access,
-        // no remote rights), for WRITEs whose completion the executor waits for before it
-        // writes the bytes they send or returns.
-        #[allow(unsafe_code)]
-        let mr = unsafe { pd.register_raw(ptr, buf.len(), ptr as u64, Access::empty()) }?;
-        Ok(Self { mr })
-    }
-
-    /// Registers `buf`, which nothing may write, in place: as [`Self::new`] for an
-    /// out-of-place operation's source. The region grants no write access at all (no
-    /// local write, no remote rights), so the transport only ever reads it.
-    pub(crate) fn new_read_only(pd: &ProtectionDomain, buf: &[u8]) -> Result<Self, VerbsError> {
-        let ptr = buf.as_ptr().cast_mut();
-        // SAFETY: `buf` is valid for reads of `buf.len()` bytes for longer than the region
-        // lives (as in `new`). `register_raw` asks for memory valid for writes too, for the
-        // accesses its rights allow; these rights allow none (no LOCAL_WRITE, no remote
-        // access), so the table never writes through this pointer: only the WRITEs this
-        // executor posts read it.
-        #[allow(unsafe_code)]
-        let mr = unsafe { pd.register_raw(ptr, buf.len(), ptr as u64, Access::empty()) }?;
-        Ok(Self { mr })
-    }
-
-    /// The region.
-    pub(crate) fn mr(&self) -> &MemoryRegion {
-        &self.mr
     }
 }

@@ -699,19 +699,16 @@ impl Lab {
             });
         }
         let dir = self.cfg.out_dir.join("daemon");
-        fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
-        let socket = dir.join("rocectl.sock");
-        let _ = fs::remove_file(&socket);
-        let config = dir.join(format!("{mode}.toml"));
-        fs::write(
-            &config,
-            format!(
-                "mode = \"{mode}\"\ninterface = \"{}\"\n\n[socket]\npath = \"{}\"\nmode = 0o600\n",
-                self.info.bridge,
-                socket.display()
-            ),
+        let cfg = roce_testkit::daemon::write_config(
+            &dir,
+            &format!("mode = \"{mode}\"\ninterface = \"{}\"", self.info.bridge),
+            Some(0o600),
         )
-        .map_err(io_err(format!("write {}", config.display())))?;
+        .map_err(io_err(format!(
+            "write the daemon's configuration in {}",
+            dir.display()
+        )))?;
+        let socket = cfg.socket;
         let rocectl = self
             .vars()
             .into_iter()
@@ -723,24 +720,18 @@ impl Lab {
             .arg(&rocectl)
             .arg("daemon")
             .arg("--config")
-            .arg(&config)
+            .arg(&cfg.path)
             .current_dir(&self.cfg.out_dir);
         let mut proc = Proc::spawn(cmd, "rocectl daemon", &self.logs())?;
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let up = fs::symlink_metadata(&socket).is_ok_and(|m| m.file_type().is_socket());
-            if up {
-                break;
-            }
-            if proc.exited() || Instant::now() >= deadline {
-                let out = proc.stop(Signal::SIGTERM, Duration::from_secs(2));
-                return Err(LabError::Failed {
-                    what: format!("rocectl daemon ({mode})"),
-                    status: out.status_text(),
-                    output: out.combined(),
-                });
-            }
-            sleep(Duration::from_millis(50));
+        if let Err(e) =
+            roce_testkit::daemon::wait_until_serving(&mut proc, &socket, Duration::from_secs(15))
+        {
+            let out = proc.stop(Signal::SIGTERM, Duration::from_secs(2));
+            return Err(LabError::Failed {
+                what: format!("rocectl daemon ({mode})"),
+                status: out.status_text(),
+                output: format!("{e}\n{}", out.combined()),
+            });
         }
         self.daemon = Some(LabDaemon {
             proc,

@@ -15,12 +15,12 @@
 //! sudo ROCE_DROPIN=1 cargo test --release -p roce-conformance --test dropin_daemon -- --nocapture
 //! ```
 
-use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use roce_conformance::stock::DropinPaths;
+use roce_testkit::daemon::{wait_until_serving, write_config};
 use roce_testkit::netns::{netns_or_skip, TempNetns};
 use roce_testkit::proc::{wait_listening, Proc};
 
@@ -71,32 +71,21 @@ fn log_dir() -> PathBuf {
 fn run_mode(paths: &DropinPaths, mode: &str) -> Vec<String> {
     let logs = log_dir().join(mode);
     let ns = TempNetns::create("dropin-dmn").expect("a network namespace");
-    let socket = logs.join("rocectl.sock");
-    let config = logs.join("rocectl.toml");
-    fs::create_dir_all(&logs).expect("the log directory");
-    let _ = fs::remove_file(&socket);
-    fs::write(
-        &config,
-        format!(
-            "mode = \"{mode}\"\naddress = \"127.0.0.1\"\n\n[socket]\npath = \"{}\"\n",
-            socket.display()
-        ),
+    let cfg = write_config(
+        &logs,
+        &format!("mode = \"{mode}\"\naddress = \"127.0.0.1\""),
+        None,
     )
     .expect("the daemon's configuration");
+    let socket = cfg.socket;
     let mut cmd = ns.command("env");
     cmd.arg("RUST_LOG=info")
         .arg(&paths.rocectl)
         .args(["daemon", "--config"])
-        .arg(&config);
+        .arg(&cfg.path);
     let mut daemon = Proc::spawn(cmd, "rocectl daemon", &logs).expect("rocectl daemon starts");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !socket.exists() {
-        assert!(
-            !daemon.exited() && Instant::now() < deadline,
-            "{mode}: the daemon did not come up: {}",
-            daemon.stderr_so_far()
-        );
-        std::thread::sleep(Duration::from_millis(50));
+    if let Err(e) = wait_until_serving(&mut daemon, &socket, Duration::from_secs(15)) {
+        panic!("{mode}: {e}");
     }
     let lib = paths.verbs_lib_dir.display().to_string();
     let command = |program: &str, args: &str, port: u16, server: Option<&str>| {

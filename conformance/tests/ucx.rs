@@ -309,7 +309,14 @@ fn run_mpi(paths: &DropinPaths, pair: &NetnsPair, tls: &str, out: &Path) -> Resu
             last_line(&built.stderr)
         ));
     }
-    // The rsh agent: `agent HOST CMD...` runs CMD in namespace HOST on the drop-in.
+    // The rsh agent: `agent HOST CMD...` runs CMD in namespace HOST on the drop-in, with the
+    // host's own Open MPI session directory. The two "hosts" share one hostname and one /tmp,
+    // so by default both orteds (and mpirun) use the same `/tmp/ompi.<host>.<uid>/jf.<n>/`, and
+    // each writes its hwloc topology into the same `hwloc.sm` (rtc/hwloc, mapped at an address
+    // each picks for itself): one orted then followed the other's pointers and crashed in
+    // hwloc_shmem_topology_write (exit 139, 4 runs in 21; the faulting address was in the other
+    // orted's stack, per `--mca rtc_base_verbose 100`). Separate hosts never share that file.
+    let session_dirs = std::env::temp_dir().join(format!("rocectl-ompi-{}", std::process::id()));
     let agent = out.join("agent.sh");
     // Each namespace's rank on its own CPU when there are two (`--bind-to none` below: Open
     // MPI would bind both, each its host's only rank, to core 0).
@@ -331,8 +338,11 @@ fn run_mpi(paths: &DropinPaths, pair: &NetnsPair, tls: &str, out: &Path) -> Resu
     let _ = write!(
         script,
         "  *) echo \"agent.sh: unknown host $host\" >&2; exit 1 ;;\nesac\n\
+         tmp={}/$host; mkdir -p \"$tmp\" || exit 1\n\
          exec taskset -c $cpu ip netns exec \"$host\" env ROCECTL_VERBS_DEVICES={DEV}=$ifc \
+         OMPI_MCA_orte_tmpdir_base=\"$tmp\" \
          {} exec --lib-dir {} --dev-nodes -- sh -c \"$*\"\n",
+        session_dirs.display(),
         paths.rocectl.display(),
         paths.verbs_lib_dir.display()
     );
@@ -388,7 +398,9 @@ fn run_mpi(paths: &DropinPaths, pair: &NetnsPair, tls: &str, out: &Path) -> Resu
         Duration::from_secs(240),
         &logs,
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| e.to_string());
+    let _ = std::fs::remove_dir_all(&session_dirs);
+    let o = o?;
     let ok_ranks = o
         .stdout
         .lines()

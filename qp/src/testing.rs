@@ -219,6 +219,8 @@ impl Node {
 /// One packet offered to a link, as the trace records it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TraceEntry {
+    /// When it was offered to the link.
+    pub at: Instant,
     /// 0 = A to B, 1 = B to A.
     pub dir: usize,
     /// Opcode.
@@ -231,6 +233,9 @@ pub struct TraceEntry {
     pub msn: Option<roce_wire::Msn>,
     /// Whether the drop filter removed it.
     pub filtered: bool,
+    /// Copies that arrive intact: 0 if it was lost, corrupted (the receiver's ICRC check drops
+    /// it) or filtered; 2 if it was duplicated.
+    pub intact: u8,
 }
 
 /// Decides whether to drop a packet (by its parsed form) before the link's own faults.
@@ -272,20 +277,27 @@ impl Link {
         }
     }
 
-    /// Offers a frame whose UDP payload (what the fault model sees and may corrupt) starts at
-    /// `payload_off`.
-    fn offer(&mut self, now: Instant, frame: Vec<u8>, payload_off: usize) {
+    /// Offers a frame (Ethernet, no VLAN) whose UDP payload (what the fault model sees and may
+    /// corrupt) starts at `payload_off`. Returns how many copies will arrive intact: 0 if it
+    /// was lost or every copy corrupted (a flipped bit fails the receiver's ICRC check, except
+    /// in the BTH's reserved byte the ICRC masks, which the receiver ignores: such a copy
+    /// counts as intact).
+    fn offer(&mut self, now: Instant, frame: Vec<u8>, payload_off: usize) -> u8 {
         self.stats.sent += 1;
         let verdict = self.faults.offer(frame.len() - payload_off);
         if verdict.is_lost() {
             self.stats.lost += 1;
-            return;
+            return 0;
         }
+        let mut intact = 0;
         for copy in verdict.copies() {
             let mut f = frame.clone();
             copy.apply(&mut f[payload_off..]);
             if copy.corrupt.is_some() {
                 self.stats.corrupted += 1;
+            }
+            if copy.corrupt.is_none() || icrc::verify(&f[14..]) {
+                intact += 1;
             }
             let at = Instant::from_nanos(now.as_nanos() + copy.delay_ns);
             self.seq += 1;
@@ -298,6 +310,7 @@ impl Link {
             self.in_flight.insert(pos, (at, self.seq, f));
         }
         self.stats.duplicated += verdict.copies().count() as u64 - 1;
+        intact
     }
 
     fn next_due(&self) -> Option<Instant> {
@@ -440,22 +453,30 @@ impl Pair {
                 };
                 let bytes = &self.buf[..t.len];
                 let mut filtered = false;
-                if let Ok(p) = roce_wire::PacketRepr::parse(bytes) {
+                let traced = if let Ok(p) = roce_wire::PacketRepr::parse(bytes) {
                     if let Some(f) = self.links[i].filter.as_mut() {
                         filtered = f(&p);
                     }
                     self.trace.push(TraceEntry {
+                        at: now,
                         dir: i,
                         opcode: p.bth.opcode,
                         psn: p.bth.psn,
                         syndrome: p.ext.aeth.map(|a| a.syndrome),
                         msn: p.ext.aeth.map(|a| a.msn),
                         filtered,
+                        intact: 0,
                     });
-                }
+                    true
+                } else {
+                    false
+                };
                 if !filtered {
                     let (frame, payload_off) = Self::frame_for(src, dst, t.udp_sport, bytes);
-                    self.links[i].offer(now, frame, payload_off);
+                    let intact = self.links[i].offer(now, frame, payload_off);
+                    if let Some(e) = self.trace.last_mut().filter(|_| traced) {
+                        e.intact = intact;
+                    }
                 }
                 progress = true;
             }

@@ -7,6 +7,8 @@
 //! - [`netns`]: named network namespaces, veth pairs between two of them ([`NetnsPair`]), a
 //!   throw-away namespace with only loopback ([`TempNetns`]), a private namespace for the
 //!   calling thread ([`private_net`]), and the probe saying whether any of it works here;
+//! - [`daemon`]: a `rocectl daemon` for a test: its configuration file and the wait until it
+//!   serves;
 //! - [`proc`]: child processes in their own process group with output to files, killed whole
 //!   when their time runs out or their handle is dropped ([`Proc`], [`run_bounded`]);
 //! - the **skip policy** ([`skip`], [`require_root`], [`netns_or_skip`]).
@@ -32,6 +34,7 @@
 //! [`run_bounded`]: proc::run_bounded
 //! [`netns_or_skip`]: netns::netns_or_skip
 
+pub mod daemon;
 pub mod netns;
 pub mod proc;
 mod skip;

@@ -7,7 +7,9 @@
 //! - An ACK or response with PSN p acknowledges every request with PSN <= p (9.7.5.1.2);
 //!   SEND/WRITE WQEs whose last PSN is covered complete.
 //! - An ACK that covers a READ or atomic whose response has not arrived means that response
-//!   was lost: retry from the READ's first missing PSN (rxe `check_psn`, implied NAK).
+//!   was lost: retry from the READ's first missing PSN (rxe `check_psn`, implied NAK). So does
+//!   a READ response or atomic ACK for a later request (they carry an AETH too), once per
+//!   retry episode.
 //! - NAK PSN sequence error at p: everything before p is acknowledged; go back to p; one
 //!   `retry_cnt` spent unless the NAK acknowledged something. A repeated NAK for the PSN the
 //!   requester already went back to, with nothing acknowledged since, neither goes back again
@@ -312,6 +314,12 @@ impl Completer {
             return;
         };
         let expected = first.add(w.read_pkts_done);
+        if packet.ext.aeth.is_some() && self.past_unanswered_front(req, cx, now, psn) {
+            return;
+        }
+        // INVARIANT: front exists: checked above and nothing removed it (the check above
+        // returned false, so it changed nothing).
+        let w = cx.sq.front().expect("front READ WQE");
         if psn != expected {
             // Duplicate (before) or a gap (after): drop; a gap is repaired by the timeout.
             cx.stats.drop_psn += 1;
@@ -420,7 +428,9 @@ impl Completer {
             return;
         };
         if !w.wr.op.is_atomic() || w.first_psn != Some(psn) || !w.all_sent {
-            cx.stats.drop_psn += 1;
+            if !self.past_unanswered_front(req, cx, now, psn) {
+                cx.stats.drop_psn += 1;
+            }
             return;
         }
         let SendData::Sges(sges) = &w.wr.data else {
@@ -438,6 +448,37 @@ impl Completer {
         cx.complete_front(WcStatus::Success);
         self.complete_covered(req, cx);
         self.progress_made(req, cx, now);
+    }
+
+    /// A response with an AETH at `psn` (a READ response FIRST/LAST/ONLY, an atomic ACK) for a
+    /// request after the whole of the front READ or atomic, which still waits for (part of) its
+    /// own response. The responder answers in PSN order, so the front's answer was lost: as for
+    /// an ACK beyond it ([`Self::on_ack`]; rxe `check_psn` retries the same way), everything
+    /// before `psn` is acknowledged and the front is retried from its first missing PSN at
+    /// once, instead of after an ACK timeout (which would also spend a retry). Once per
+    /// episode: while the requester has already gone back to that PSN with nothing answered
+    /// since, further such responses (the rest of a later READ's stream) change nothing; the
+    /// ACK timeout covers a lost re-request. Returns whether the response was handled so.
+    fn past_unanswered_front(
+        &mut self,
+        req: &mut Requester,
+        cx: &mut QpCtx<'_>,
+        now: Instant,
+        psn: Psn,
+    ) -> bool {
+        let Some(w) = cx.sq.front() else {
+            return false;
+        };
+        let past = w.wr.op.is_read_or_atomic() && w.last_psn().is_some_and(|l| psn.is_after(l));
+        if !past || !self.psn_outstanding(req, cx, psn) {
+            return false;
+        }
+        if self.rewound_to.is_some() && self.rewound_to == cx.sq.una_psn(self.acked_psn) {
+            cx.stats.drop_psn += 1;
+            return true;
+        }
+        self.on_ack(req, cx, now, psn);
+        true
     }
 
     /// After a READ or atomic completed: WQEs behind it that an earlier (reordered) ACK

@@ -72,10 +72,17 @@
 //!   ICMP port-unreachable goes out) with a drop-all filter, as the `raw` backend's guard
 //!   socket. The engine then checks all 32 bits of the ICRC ([`DatapathCaps::sees_ip_header`],
 //!   [`UdpDatapath::raw_receive`]). Costs: one copy of each payload down by its 28 header bytes,
-//!   no GRO, and the UDP socket's filter drops show in `nstat` as `UdpInErrors`. A whole GSO
+//!   and the UDP socket's filter drops show in `nstat` as `UdpInErrors`. A whole GSO
 //!   message from a sender on this host (over a veth or bridge) reaches the raw socket as one
 //!   packet; it is recognised and cut at its segment size (`split_gso_message`, counted in
-//!   [`UdpStats::raw_gso_messages`]), and its segments checked with Identifications `id + k`. Loopback
+//!   [`UdpStats::raw_gso_messages`]), and its segments checked with Identifications `id + k`.
+//!   The guarding UDP socket has `UDP_GRO`, so the kernel does not cut such a message into
+//!   datagrams for it only to drop them; with it NAPI GRO (a NIC's) merges our flows too, and
+//!   the raw socket sees those merged the same way, with Identifications counting up (a
+//!   sender's USO) or all equal (DF; rocectl off loopback without GSO sends 0). The second
+//!   datagram tells which: when it does not check with `id + 1`, the buffer is passed on
+//!   without its header fields, so the engine recovers each Identification from its ICRC as
+//!   for a UDP socket (below; `tests/udp_raw_gro.rs`). Loopback
 //!   addresses keep the UDP socket: GSO messages reach a raw socket there as one large packet.
 //!   Without raw receive, the engine recovers the Identification from the ICRC and holds each
 //!   peer to the Identifications it has been sending ([`roce_wire::icrc::Ipv4IdentChecker`]):
@@ -574,7 +581,14 @@ impl UdpDatapath {
         } else {
             None
         };
-        // No GRO with raw receive: the raw socket would see the coalesced datagrams as one.
+        // With raw receive the UDP socket only guards the port; `UDP_GRO` on it keeps the
+        // kernel from cutting every whole GSO message from a sender on this host into
+        // datagrams just for its drop-all filter (12-22% of a veth run's CPU). It also lets
+        // NAPI GRO merge our flows before the raw socket sees them: `strip_ipv4_udp` cuts
+        // those. The UDP socket itself never receives, so its GRO segments stay 1.
+        if raw.is_some() {
+            let _ = setsockopt_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1);
+        }
         let gro_segments = if raw.is_none()
             && opts.gro
             && setsockopt_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok()
@@ -1581,6 +1595,14 @@ fn strip_ipv4_udp(buf: &mut [u8], port: u16) -> Option<RxMeta> {
     } else {
         payload
     };
+    // Several datagrams: the engine numbers them on from the header's Identification, as
+    // the kernel numbers a GSO message's segments. NAPI GRO also merges datagrams that all
+    // carry one Identification (with DF: what rocectl sends off loopback without GSO); then
+    // the second does not check with `ident + 1`, and the buffer goes without its header
+    // fields, so that the engine recovers each datagram's Identification from its ICRC and
+    // holds the peer to the ones it sends (`roce_wire::icrc::Ipv4IdentChecker`).
+    let counting =
+        stride >= payload || segment_icrc_ok(&buf[..total], stride, 1, info.ident.wrapping_add(1));
     buf.copy_within(ihl + UDP_HEADER..total, 0);
     Some(RxMeta {
         len: payload,
@@ -1588,7 +1610,7 @@ fn strip_ipv4_udp(buf: &mut [u8], port: u16) -> Option<RxMeta> {
         src: SocketAddr::V4(SocketAddrV4::new(src, sport)),
         dst: SocketAddr::V4(SocketAddrV4::new(dst, dport)),
         tos,
-        ipv4: Some(info),
+        ipv4: counting.then_some(info),
     })
 }
 
@@ -1658,20 +1680,41 @@ fn split_gso_message(ip: &[u8]) -> Option<usize> {
 /// Whether the first `s` bytes of the UDP payload of `ip` (a whole GSO message) carry a valid
 /// ICRC as a datagram of their own, with the message's IP header (lengths adjusted).
 fn first_segment_icrc_ok(ip: &[u8], s: usize) -> bool {
+    let ident = ip.get(4..6).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
+    segment_icrc_ok(ip, s, 0, ident)
+}
+
+/// Whether datagram `k` of `ip` (an IPv4 packet with a 20-byte header whose UDP payload is
+/// datagrams of `s` bytes, the last one maybe shorter) carries a valid ICRC as a datagram of
+/// its own, with the packet's IP header, its lengths adjusted and Identification `ident`.
+/// `false` when there is no such datagram or it is too short to hold a BTH and an ICRC.
+fn segment_icrc_ok(ip: &[u8], s: usize, k: usize, ident: u16) -> bool {
+    let Some(payload) = ip.get(IPV4_HEADER + UDP_HEADER..) else {
+        return false;
+    };
+    let Some(seg) = k
+        .checked_mul(s)
+        .and_then(|at| payload.get(at..))
+        .map(|rest| &rest[..rest.len().min(s)])
+        .filter(|seg| seg.len() >= 12 + 4)
+    else {
+        return false;
+    };
     let mut hdr = [0u8; IPV4_HEADER + UDP_HEADER];
     hdr.copy_from_slice(&ip[..IPV4_HEADER + UDP_HEADER]);
-    let Ok(total) = u16::try_from(IPV4_HEADER + UDP_HEADER + s) else {
+    let Ok(total) = u16::try_from(IPV4_HEADER + UDP_HEADER + seg.len()) else {
         return false;
     };
     hdr[2..4].copy_from_slice(&total.to_be_bytes());
+    hdr[4..6].copy_from_slice(&ident.to_be_bytes());
     hdr[IPV4_HEADER + 4..IPV4_HEADER + 6].copy_from_slice(&(total - 20).to_be_bytes());
-    let seg = &ip[IPV4_HEADER + UDP_HEADER..IPV4_HEADER + UDP_HEADER + s];
     let Some(mut c) = icrc::Icrc::start(&hdr[..IPV4_HEADER], &hdr[IPV4_HEADER..], &seg[..12])
     else {
         return false;
     };
-    c.update(&seg[12..s - 4]);
-    c.finish()[..] == seg[s - 4..]
+    let end = seg.len() - 4;
+    c.update(&seg[12..end]);
+    c.finish()[..] == seg[end..]
 }
 
 /// The socket's drop count (`sk_drops`, from `SO_MEMINFO`), if the kernel reports it.

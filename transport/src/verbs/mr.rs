@@ -1,7 +1,7 @@
 //! Memory regions (`ibv_mr`): registration through a protection domain, and the region
 //! handle.
 
-use roce_mr::{Access, AccessError, Key};
+use roce_mr::{Access, AccessError, Key, RegisterError};
 use roce_qp::verbs::Sge;
 use roce_wire::{LKey, RKey};
 
@@ -108,8 +108,195 @@ impl ProtectionDomain {
     }
 }
 
+/// How a region holds its memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Borrow {
+    /// The region owns its memory, or the caller upholds `register_raw`'s contract.
+    None,
+    /// The caller's `&mut [u8]`, for the length of a closure.
+    Exclusive,
+    /// The caller's `&[u8]`, for the length of a closure: never written.
+    Shared,
+}
+
+impl ProtectionDomain {
+    /// Registers the caller's `buf` in place with `access` (a fresh IOVA; 0 with
+    /// [`Access::ZERO_BASED`]) for the length of `f`, and deregisters it when `f` returns or
+    /// panics. After this returns (or a panic in `f` leaves it) the transport never touches
+    /// `buf` again ([borrowed registrations](MemoryRegion#borrowed-registrations)): queued work requests naming the lkey fail with a
+    /// local protection error, a peer's WRITE or READ with the rkey with a remote access
+    /// error, and READ responses in flight complete their request in error, writing nothing.
+    ///
+    /// The safe counterpart of [`Self::register_raw`] for memory the caller lends rather
+    /// than owns for good (sending from or receiving into an application buffer without a
+    /// copy). Returns `f`'s result.
+    ///
+    /// ```
+    /// use roce_transport::{Access, Device, DeviceConfig, SimNetwork};
+    /// let net = SimNetwork::perfect();
+    /// let dev = Device::open(DeviceConfig::sim(&net, "10.9.0.1".parse().unwrap())).unwrap();
+    /// let pd = dev.alloc_pd();
+    /// let mut buf = vec![0u8; 64];
+    /// let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    /// let rkey = pd.with_borrowed(&mut buf, rights, |mr| {
+    ///     mr.write(0, b"in place").unwrap();
+    ///     mr.rkey() // plain data may leave the scope; the region may not
+    /// });
+    /// assert!(rkey.is_ok());
+    /// assert_eq!(&buf[..8], b"in place");
+    /// ```
+    ///
+    /// The region cannot outlive the scope (so it cannot be kept, or `mem::forget`-ed,
+    /// registered past it):
+    /// ```compile_fail
+    /// # use roce_transport::{Access, Device, DeviceConfig, SimNetwork};
+    /// # let net = SimNetwork::perfect();
+    /// # let dev = Device::open(DeviceConfig::sim(&net, "10.9.0.1".parse().unwrap())).unwrap();
+    /// # let pd = dev.alloc_pd();
+    /// let mut buf = vec![0u8; 64];
+    /// let mr = pd.with_borrowed(&mut buf, Access::LOCAL_WRITE, |mr| mr).unwrap();
+    /// ```
+    /// and the caller cannot touch the buffer inside it (only the transport does):
+    /// ```compile_fail
+    /// # use roce_transport::{Access, Device, DeviceConfig, SimNetwork};
+    /// # let net = SimNetwork::perfect();
+    /// # let dev = Device::open(DeviceConfig::sim(&net, "10.9.0.1".parse().unwrap())).unwrap();
+    /// # let pd = dev.alloc_pd();
+    /// let mut buf = vec![0u8; 64];
+    /// pd.with_borrowed(&mut buf, Access::LOCAL_WRITE, |_mr| buf[0] = 1).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// [`VerbsError::Register`]: [`Access::MW_BIND`] (windows are not bound to borrowed
+    /// memory), inconsistent access flags, a full key table; `f` is not called then.
+    pub fn with_borrowed<R>(
+        &self,
+        buf: &mut [u8],
+        access: Access,
+        f: impl FnOnce(&MemoryRegion) -> R,
+    ) -> Result<R, VerbsError> {
+        if access.contains(Access::MW_BIND) {
+            return Err(RegisterError::InvalidAccess { access }.into());
+        }
+        let mr = self.register_borrowed(buf.as_mut_ptr(), buf.len(), access, Borrow::Exclusive)?;
+        // `mr` is dropped (deregistered, waiting for any access in progress) when `f`
+        // returns or unwinds, while `buf` is still borrowed.
+        Ok(f(&mr))
+    }
+
+    /// As [`Self::with_borrowed`] for a buffer the caller only lends for reading (sending
+    /// from it, or exposing it to peers' RDMA READs): `access` may hold only
+    /// [`Access::REMOTE_READ`] and [`Access::ZERO_BASED`], and [`MemoryRegion::write`] on the
+    /// region is refused, so nothing writes `buf` while it is shared.
+    ///
+    /// The region cannot outlive the scope either, and the buffer cannot be written inside
+    /// it:
+    /// ```compile_fail
+    /// # use roce_transport::{Access, Device, DeviceConfig, SimNetwork};
+    /// # let net = SimNetwork::perfect();
+    /// # let dev = Device::open(DeviceConfig::sim(&net, "10.9.0.1".parse().unwrap())).unwrap();
+    /// # let pd = dev.alloc_pd();
+    /// let buf = vec![0u8; 64];
+    /// let mr = pd.with_borrowed_ref(&buf, Access::REMOTE_READ, |mr| mr).unwrap();
+    /// ```
+    /// ```compile_fail
+    /// # use roce_transport::{Access, Device, DeviceConfig, SimNetwork};
+    /// # let net = SimNetwork::perfect();
+    /// # let dev = Device::open(DeviceConfig::sim(&net, "10.9.0.1".parse().unwrap())).unwrap();
+    /// # let pd = dev.alloc_pd();
+    /// let mut buf = vec![0u8; 64];
+    /// pd.with_borrowed_ref(&buf, Access::REMOTE_READ, |_mr| buf[0] = 1).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// [`VerbsError::Register`]: any other access bit, a full key table; `f` is not called.
+    pub fn with_borrowed_ref<R>(
+        &self,
+        buf: &[u8],
+        access: Access,
+        f: impl FnOnce(&MemoryRegion) -> R,
+    ) -> Result<R, VerbsError> {
+        if !Access::REMOTE_READ
+            .union(Access::ZERO_BASED)
+            .contains(access)
+        {
+            return Err(RegisterError::InvalidAccess { access }.into());
+        }
+        let ptr = buf.as_ptr().cast_mut();
+        let mr = self.register_borrowed(ptr, buf.len(), access, Borrow::Shared)?;
+        Ok(f(&mr))
+    }
+
+    /// Registers the borrowed `ptr .. ptr + len` (the caller holds the borrow for longer
+    /// than the returned region lives) at a fresh IOVA.
+    fn register_borrowed(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        borrow: Borrow,
+    ) -> Result<MemoryRegion, VerbsError> {
+        let iova = if access.contains(Access::ZERO_BASED) {
+            0
+        } else {
+            self.inner.dev.alloc_iova(len)
+        };
+        // SAFETY: `ptr .. ptr + len` is a live borrow that `with_borrowed*` holds until the
+        // returned region is dropped, which it does before returning or while unwinding out
+        // of it (the region is lent to the closure only by reference, so it cannot be
+        // moved out or forgotten); the drop deregisters it and, for a borrowed region,
+        // aborts rather than return if that failed (see `Drop`), so the table touches the
+        // memory only while the borrow lives, through relaxed atomics. An exclusive borrow
+        // is not otherwise accessed meanwhile; a shared one is only read: its rights are
+        // checked above to be at most REMOTE_READ | ZERO_BASED (no LOCAL_WRITE, so no
+        // receive, READ response or atomic result is scattered into it, no remote write or
+        // atomic is allowed, no window can be bound), fast registration applies only to
+        // regions from `alloc_mr`, and `MemoryRegion::write` refuses a shared borrow.
+        #[allow(unsafe_code)]
+        let mut mr = unsafe { self.register_raw(ptr, len, iova, access) }?;
+        mr.borrow = borrow;
+        Ok(mr)
+    }
+}
+
 /// A registered memory region (`ibv_mr`): its own translation from IOVA to memory, with an
 /// lkey and an rkey (equal here). Deregistered when dropped.
+///
+/// # Borrowed registrations
+///
+/// [`ProtectionDomain::with_borrowed`] and [`ProtectionDomain::with_borrowed_ref`]:
+/// The caller's buffer is registered in place for the length of a closure and deregistered
+/// when the closure returns or unwinds, before `with_borrowed*` returns or the unwinding
+/// leaves it. From that moment no access by this device touches the buffer again:
+///
+/// - every access to region memory (the requester gathering a send's payload or a
+///   retransmission's, the responder writing an incoming WRITE or reading for a READ
+///   response, the completer scattering a READ response or an atomic result, a receive's
+///   scatter) goes through the key table's one checked entry point, per SGE and per packet,
+///   and holds the slot's read lock only while it copies;
+/// - deregistration takes that slot's write lock, so it waits for an access in progress and
+///   removes the key under the lock: an access checked afterwards finds no region (or
+///   another region's key) and fails without touching memory. Taking the lock also orders
+///   every write the transport made before the caller's own accesses after the scope.
+///
+/// So work requests still queued that name the lkey complete with a local protection error
+/// ([`crate::WcStatus::LocProtErr`]) when the transport gets to them (a retransmission of a
+/// WRITE posted inside the scope included); a READ response or atomic result arriving for
+/// such a request completes it in error and writes nothing; a peer's RDMA WRITE or READ
+/// with the rkey is answered with a remote access error NAK
+/// ([`crate::WcStatus::RemAccessErr`] at the peer). A later registration may reuse the
+/// slot with another 8-bit key (1 in 256 chance of the same key); a stale key then reaches
+/// that other region's memory, never the borrowed buffer.
+///
+/// Inside the closure the buffer is the region's: with [`ProtectionDomain::with_borrowed`]
+/// it is exclusively borrowed, so the only accesses are the transport's (and
+/// [`MemoryRegion::read`]/[`MemoryRegion::write`]); with
+/// [`ProtectionDomain::with_borrowed_ref`] it is shared, so the region grants no write
+/// right at all and [`MemoryRegion::write`] is refused. The region cannot leave the closure
+/// (it is lent as `&MemoryRegion`), so `mem::forget` cannot keep it registered.
+///
+/// Memory windows cannot be bound to a borrowed region (MW_BIND is refused): a bound window
+/// would make deregistration fail.
 #[derive(Debug)]
 pub struct MemoryRegion {
     pd: ProtectionDomain,
@@ -117,6 +304,8 @@ pub struct MemoryRegion {
     addr: u64,
     len: usize,
     access: Access,
+    /// Whether (and how) the memory is borrowed for a closure's length.
+    borrow: Borrow,
     /// Held with the rocectl daemon, when one serves the device (released on drop).
     _reservation: Option<Reservation>,
 }
@@ -135,6 +324,7 @@ impl MemoryRegion {
             addr,
             len,
             access,
+            borrow: Borrow::None,
             _reservation: reservation,
         }
     }
@@ -225,8 +415,16 @@ impl MemoryRegion {
     /// Copies bytes into the region.
     ///
     /// # Errors
-    /// [`AccessError`] if `offset + src.len()` passes the end.
+    /// [`AccessError`] if `offset + src.len()` passes the end;
+    /// [`AccessError::AccessDenied`] for a region over a shared borrow
+    /// ([`ProtectionDomain::with_borrowed_ref`]).
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), AccessError> {
+        if self.borrow == Borrow::Shared {
+            return Err(AccessError::AccessDenied {
+                needed: Access::LOCAL_WRITE,
+                granted: self.access,
+            });
+        }
         self.pd
             .inner
             .dev
@@ -246,7 +444,14 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        let _ = self.pd.inner.dev.shared().table.deregister(self.key);
+        let gone = self.pd.inner.dev.shared().table.deregister(self.key);
+        if gone.is_err() && self.borrow != Borrow::None {
+            // Unreachable: only this handle deregisters its key, and the one refusal left
+            // (windows bound) needs MW_BIND, which borrowed regions are refused. Returning
+            // would let the transport reach memory whose borrow is about to end, so this is
+            // the one place that aborts rather than report.
+            std::process::abort();
+        }
     }
 }
 

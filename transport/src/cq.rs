@@ -12,7 +12,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use roce_qp::verbs::{Completion, WcStatus};
 use roce_qp::Event;
@@ -43,6 +43,13 @@ pub(crate) struct CqShared {
     /// Threads blocked in [`crate::CompletionQueue::wait`] (a notify with none is a wasted
     /// futex call).
     pub(crate) waiters: AtomicUsize,
+    /// Threads blocked in a wait that runs the engine itself ([`crate::device`]'s `wait`
+    /// module): they sleep on the datapath and on [`Self::dp_wake`], which a push by another
+    /// thread's pass makes readable.
+    pub(crate) dp_waiters: AtomicUsize,
+    /// Made readable by a push while [`Self::dp_waiters`] is not 0 (created at the first
+    /// such wait).
+    pub(crate) dp_wake: OnceLock<EventFd>,
     pub(crate) armed: AtomicU8,
     pub(crate) event: EventFd,
     /// Called instead of `event` when the armed CQ fires. Held while the notifier runs, so
@@ -75,6 +82,8 @@ impl CqShared {
             queue: Mutex::new(roce_qp::cq::CompletionQueue::new(depth)),
             cond: Condvar::new(),
             waiters: AtomicUsize::new(0),
+            dp_waiters: AtomicUsize::new(0),
+            dp_wake: OnceLock::new(),
             armed: AtomicU8::new(NOTIFY_NONE),
             event: EventFd::new()?,
             notifier: Mutex::new(None),
@@ -104,6 +113,14 @@ impl CqShared {
         };
         if self.waiters.load(Ordering::Acquire) > 0 {
             self.cond.notify_all();
+        }
+        // A thread asleep on the datapath for this CQ registered before it checked the queue
+        // under the queue lock this push has just released: it either saw the completion or
+        // is counted here (`device/wait.rs`).
+        if self.dp_waiters.load(Ordering::SeqCst) > 0 {
+            if let Some(w) = self.dp_wake.get() {
+                w.notify();
+            }
         }
         if fire && self.armed.swap(NOTIFY_NONE, Ordering::AcqRel) != NOTIFY_NONE {
             let notifier = lock(&self.notifier);

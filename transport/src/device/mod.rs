@@ -3,11 +3,13 @@
 //! - `config`: how to open a device ([`DeviceConfig`], [`Backend`], [`Progress`]);
 //! - `attr`: what a device and its port report;
 //! - `thread`: who drives the engine, the lock order and the doorbell's wake protocol (read
-//!   its module doc before changing anything that takes a lock).
+//!   its module doc before changing anything that takes a lock);
+//! - `wait`: blocking waits that run the engine in the waiting thread.
 
 mod attr;
 mod config;
 mod thread;
+pub(crate) mod wait;
 
 use std::io;
 use std::net::SocketAddr;
@@ -29,7 +31,7 @@ use crate::clock;
 use crate::counters::{Counters, DeviceCounters};
 use crate::cq::AsyncEvent;
 use crate::datapath::Datapath;
-use crate::engine::Engine;
+use crate::engine::{Engine, PassResult};
 use crate::error::OpenError;
 use crate::ids::Ids;
 use crate::netdev::NetDevice;
@@ -87,6 +89,9 @@ pub(crate) struct DeviceShared {
     backend: &'static str,
     local: SocketAddr,
     ip_mtu: usize,
+    /// Application threads blocked in the datapath, and the engine thread's side of it
+    /// (`wait.rs`; only on a device with one engine).
+    pub(crate) wait: wait::WaitState,
     /// The link to the rocectl daemon, when it serves this device's address.
     pub(crate) daemon: Option<Arc<crate::control::DaemonClient>>,
     /// With several engines: the name that keeps kernel-demux members off the address while
@@ -313,6 +318,7 @@ impl Device {
             backend,
             local,
             ip_mtu: caps.ip_mtu,
+            wait: wait::WaitState::default(),
             daemon,
             _shard_marker: shard_marker,
         });
@@ -557,22 +563,45 @@ impl Device {
     /// Progress if nobody else is making it right now (CQ polls that found nothing): a pass
     /// of every engine whose lock is free, one at a time.
     pub(crate) fn try_progress(&self, completed: impl Fn() -> bool) {
+        let _ = self.try_progress_pass(true, completed);
+    }
+
+    /// [`Self::try_progress`], saying what the passes did, summed over the engines (`None`:
+    /// another thread held every engine). With `stamp`, the pass counts as an application
+    /// poll (`app_polled`: the engine thread steps back for a window).
+    pub(crate) fn try_progress_pass(
+        &self,
+        stamp: bool,
+        completed: impl Fn() -> bool,
+    ) -> Option<PassResult> {
         let s = self.shared();
-        let now = (s.progress == Progress::Thread).then(thread::since_epoch_ns);
+        let now = (stamp && s.progress == Progress::Thread).then(thread::since_epoch_ns);
+        let mut all: Option<PassResult> = None;
         for sh in s.shards.iter() {
             if let Some(now) = now {
                 sh.app_polled.store(now, Ordering::Relaxed);
             }
-            sh.try_progress(s.progress, &completed);
+            if let Some(r) = sh.try_progress_pass(s.progress, &completed) {
+                let a = all.get_or_insert_with(PassResult::default);
+                a.received += r.received;
+                a.sent += r.sent;
+                a.more_rx |= r.more_rx;
+                a.tx_blocked |= r.tx_blocked;
+            }
         }
+        all
     }
 }
 
 impl Shard {
-    /// [`Device::try_progress`] for this shard.
-    fn try_progress(&self, progress: Progress, completed: &impl Fn() -> bool) {
+    /// [`Device::try_progress_pass`] for this shard.
+    fn try_progress_pass(
+        &self,
+        progress: Progress,
+        completed: &impl Fn() -> bool,
+    ) -> Option<PassResult> {
         let Ok(mut e) = self.engine.try_lock() else {
-            return;
+            return None;
         };
         // A poller's pass defers what it would send (the ACK of a message just received)
         // when the poll is about to return a completion: the application's next post (a
@@ -580,14 +609,14 @@ impl Shard {
         // progress does. Otherwise (nothing for this poller: say the ACKs that opened a
         // window) it is sent at once. With manual progress every pass defers (the next pass
         // or post sends).
-        e.progress(true);
+        let r = e.progress(true);
         if progress != Progress::Thread || !e.tx_waiting() {
             // Manual progress defers until the next pass, whatever the poll finds.
-            return;
+            return Some(r);
         }
         if !completed() {
             e.kick();
-            return;
+            return Some(r);
         }
         {
             // Should the application stop polling now, the engine thread's next pass sends
@@ -602,6 +631,7 @@ impl Shard {
                 self.wake();
             }
         }
+        Some(r)
     }
 }
 

@@ -37,10 +37,16 @@
 //! the engine thread does not wait on the descriptor: it sleeps until its next deadline, at
 //! most one window, and then runs a pass (timers, and whatever the poller left). When the
 //! polls stop it waits on the descriptor again, so one-sided operations into an idle
-//! application still complete. An application that is about to block (a blocking CQ wait,
-//! or arming a CQ for its completion channel) says so (`Device::app_blocks`): the engine
-//! thread is unparked at once and goes back to the descriptor, so an event-driven
-//! application never waits out the window.
+//! application still complete. An application that is about to sleep where it runs no pass
+//! (arming a CQ for a completion channel it reads itself, a wait on a datapath without a
+//! readiness descriptor) says so (`Device::app_blocks`): the engine thread is unparked at
+//! once and goes back to the descriptor, so an event-driven application never waits out the
+//! window.
+//!
+//! An application thread blocked in a CQ wait or a completion-channel wait runs the engine
+//! itself: it sleeps on the datapath's descriptor and makes the pass when woken, and the
+//! engine thread steps back the same way while it does (`device/wait.rs`: the hand-over of
+//! the descriptor and why no wake-up is lost).
 //!
 //! # Lock order
 //!
@@ -128,9 +134,9 @@ impl Device {
 }
 
 impl Device {
-    /// An application thread is about to block (a blocking CQ wait, or arming a CQ for its
-    /// completion channel): it no longer receives for itself, so the engine thread must stop
-    /// stepping back and wait on the datapath again, now.
+    /// An application thread is about to block where it runs no pass (arming a CQ for its
+    /// completion channel, a CQ wait on a condvar): it no longer receives for itself, so the
+    /// engine thread must stop stepping back and wait on the datapath again, now.
     pub(crate) fn app_blocks(&self) {
         let s = self.shared();
         if s.progress != Progress::Thread {
@@ -188,7 +194,7 @@ pub(super) fn run_thread(d: &DeviceShared, index: usize, mut poll: mio::Poll, ha
         // Whether the application receives for itself: then stay off the descriptor (module
         // docs) and plan to be back within one window, so that a doorbell does not wake this
         // thread for a timer the poller's own passes (or our next one) will see.
-        let stepping = has_fd && app_polling(s);
+        let stepping = has_fd && (app_polling(s) || d.wait.app_waiting.load(Ordering::SeqCst) > 0);
         let (r, deadline) = {
             let mut e = lock(&s.engine);
             let r = e.progress(false);
@@ -204,6 +210,11 @@ pub(super) fn run_thread(d: &DeviceShared, index: usize, mut poll: mio::Poll, ha
             s.sleep_until.store(planned.max(1), Ordering::Release);
             (r, d.map(|d| clock::until(e.now(), d)))
         };
+        if r.received > 0 {
+            d.wait
+                .thread_received
+                .fetch_add(r.received as u64, Ordering::Relaxed);
+        }
         if r.more_rx {
             continue;
         }
@@ -217,9 +228,19 @@ pub(super) fn run_thread(d: &DeviceShared, index: usize, mut poll: mio::Poll, ha
             s.sleep_until.store(0, Ordering::Release);
             continue;
         }
+        // An application thread that blocks in the datapath (`wait.rs`) takes the descriptor:
+        // publish that we are about to sleep on it, then look for one (the waiter does the
+        // opposite, so one of us sees the other).
+        d.wait.engine_on_fd.store(true, Ordering::SeqCst);
+        if has_fd && d.wait.app_waiting.load(Ordering::SeqCst) > 0 {
+            d.wait.engine_on_fd.store(false, Ordering::SeqCst);
+            s.sleep_until.store(0, Ordering::Release);
+            continue;
+        }
         if poll.poll(&mut events, Some(timeout)).is_err() {
             std::thread::sleep(Duration::from_millis(1));
         }
+        d.wait.engine_on_fd.store(false, Ordering::SeqCst);
         s.sleep_until.store(0, Ordering::Release);
     }
 }

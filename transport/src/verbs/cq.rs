@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use roce_qp::verbs::{Completion, WcOpcode};
 
 use crate::cq::{CqShared, NOTIFY_ALL, NOTIFY_NONE, NOTIFY_SOLICITED};
-use crate::device::Device;
+use crate::device::{wait, Device};
 use crate::error::VerbsError;
 use crate::sys::lock;
 
@@ -54,11 +54,7 @@ impl CompletionQueue {
         }
         // Lock order engine -> CQ: the closure runs under the engine lock. A message just
         // received is what a ping-pong answers: the pass's ACK waits for that answer.
-        self.dev.try_progress(|| {
-            lock(&self.shared.queue)
-                .front()
-                .is_some_and(|c| matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm))
-        });
+        self.dev.try_progress(|| self.front_is_receive());
         lock(&self.shared.queue).poll_many(out)
     }
 
@@ -70,9 +66,55 @@ impl CompletionQueue {
 
     /// Waits up to `timeout` for at least one completion; returns how many were stored in
     /// `out` (0 at the timeout).
+    ///
+    /// The waiting thread runs the engine itself: it sleeps on the datapath (and on this CQ,
+    /// for a completion another thread's pass queues) until the next timer, and makes the
+    /// progress pass when woken, while the engine thread (if any) steps back: one wake-up per
+    /// message (`device/wait.rs`).
     pub fn wait(&self, out: &mut [Completion], timeout: Duration) -> usize {
-        let deadline = Instant::now() + timeout;
+        let deadline = wait::deadline_after(timeout);
+        let wake = if self.dev.can_wait_in_datapath() {
+            wait::cq_wake(&self.shared)
+        } else {
+            None
+        };
+        let (mut last, mut sleep) = (false, true);
         loop {
+            let (n, left) = {
+                let mut q = lock(&self.shared.queue);
+                let n = q.poll_many(out);
+                (n, q.len())
+            };
+            if n > 0 || out.is_empty() || last {
+                if let Some(w) = wake {
+                    // Completions left behind while another waiter sleeps: it may have missed
+                    // its wake-up to this thread's read of `dp_wake` (`device/wait.rs`).
+                    if left > 0 && self.shared.dp_waiters.load(Ordering::SeqCst) > 0 {
+                        w.notify();
+                    }
+                }
+                return n;
+            }
+            if let Some(w) = wake {
+                // Lock order engine -> CQ: both closures run under the engine lock. The wait
+                // returns to the application when its pass queued a completion here: the ACK
+                // that pass built waits for the application's next post, which is usually the
+                // answer (a ping-pong's reply, after waiting for its send's completion).
+                let has_completion = || !lock(&self.shared.queue).is_empty();
+                sleep = match self.dev.wait_running_engine(
+                    deadline,
+                    wait::WaitFor::Cq(&self.shared, w),
+                    sleep,
+                    has_completion,
+                    has_completion,
+                ) {
+                    wait::Woke::Ready => true,
+                    wait::Woke::Passed { received } => !received,
+                };
+                last = Instant::now() >= deadline;
+                continue;
+            }
+            // No descriptor to sleep on: poll (a pass), then the condvar or a short nap.
             let n = self.poll(out);
             if n > 0 {
                 return n;
@@ -104,6 +146,14 @@ impl CompletionQueue {
                 }
             }
         }
+    }
+
+    /// Whether the next completion is a receive (a poll about to return it: the ACK of that
+    /// message may wait for the reply the application posts next).
+    fn front_is_receive(&self) -> bool {
+        lock(&self.shared.queue)
+            .front()
+            .is_some_and(|c| matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm))
     }
 
     /// Arms the completion channel (`ibv_req_notify_cq`): the next completion (or, with
@@ -159,7 +209,29 @@ impl CompletionQueue {
     /// Waits up to `timeout` for a notification and consumes it (`ibv_get_cq_event` +
     /// `ibv_ack_cq_events`). Returns whether one came.
     pub fn get_event(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = wait::deadline_after(timeout);
+        if self.dev.can_wait_in_datapath() {
+            // Run the engine here until the channel fires (`device/wait.rs`); the push that
+            // fires it makes the event fd readable, which the wait sleeps on too. Once it has
+            // fired (the CQ is disarmed) the application polls and answers next, so the
+            // pass's ACK may wait for that post, as for a CQ wait.
+            let mut sleep = true;
+            loop {
+                match self.dev.wait_running_engine(
+                    deadline,
+                    wait::WaitFor::Channel(&self.shared.event),
+                    sleep,
+                    || self.shared.event.drain(),
+                    || self.shared.armed.load(Ordering::Acquire) == NOTIFY_NONE,
+                ) {
+                    wait::Woke::Ready => return true,
+                    wait::Woke::Passed { received } => sleep = !received,
+                }
+                if Instant::now() >= deadline {
+                    return self.shared.event.drain();
+                }
+            }
+        }
         loop {
             if self.shared.event.drain() {
                 return true;

@@ -234,7 +234,7 @@ fn figures(link: &Link) -> Vec<Figure> {
             peers: [None, None],
         });
         // The same with 4 process pairs, and with N QPs in one process pair (perftest's -q:
-        // one device, one engine thread per side).
+        // one device per side, min(-q, CPUs) engines each since session 8).
         for (kind, what) in [
             ("rc-write-bw-4qp", "4 QPs (4 process pairs)"),
             ("rc-write-bw-q2", "2 QPs in one process (-q 2)"),

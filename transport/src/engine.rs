@@ -31,6 +31,8 @@
 use std::io::{self, IoSliceMut};
 use std::sync::Arc;
 
+use arrayvec::ArrayVec;
+
 use roce_qp::Instant as QpInstant;
 use roce_wire::aeth::Syndrome;
 use roce_wire::bth;
@@ -303,17 +305,13 @@ impl Engine {
         for _ in 0..RX_BATCHES_PER_PASS {
             let n = {
                 let slot_len = self.rx_slot_len;
-                let mut bufs: [IoSliceMut<'_>; BATCH] =
-                    std::array::from_fn(|_| IoSliceMut::new(&mut []));
-                let mut count = 0;
-                for (buf, chunk) in bufs
-                    .iter_mut()
-                    .zip(self.rx_slots.chunks_exact_mut(slot_len))
-                {
-                    *buf = IoSliceMut::new(&mut chunk[HEADROOM..]);
-                    count += 1;
-                }
-                match self.dp.recv(&mut bufs[..count], &mut self.rx_meta) {
+                let mut bufs: ArrayVec<IoSliceMut<'_>, BATCH> = self
+                    .rx_slots
+                    .chunks_exact_mut(slot_len)
+                    .take(BATCH)
+                    .map(|chunk| IoSliceMut::new(&mut chunk[HEADROOM..]))
+                    .collect();
+                match self.dp.recv(&mut bufs, &mut self.rx_meta) {
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -482,21 +480,37 @@ impl Engine {
         self.tx_descs[self.tx_pending..].rotate_left(acks);
     }
 
+    /// The first [`BATCH`] pending datagrams as the datapath takes them. Built only as long as
+    /// there are datagrams (no array of placeholders filled per call: on a ping-pong's path
+    /// that cost more than the two datagrams), and the same for planning and sending, so the
+    /// datapath plans exactly the GSO runs it then sends.
+    fn pending_batch<'a>(pending: &[Queued], arena: &'a [u8]) -> ArrayVec<TxDatagram<'a>, BATCH> {
+        pending
+            .iter()
+            .take(BATCH)
+            .map(|q| {
+                let d = &q.desc;
+                TxDatagram {
+                    dst: d.dst,
+                    src_port: d.src_port,
+                    tos: d.tos,
+                    hop_limit: d.hop_limit,
+                    flow_label: d.flow_label,
+                    payload: &arena[q.offset..q.offset + d.len],
+                }
+            })
+            .collect()
+    }
+
     /// Asks the datapath which IPv4 Identification each pending datagram will carry and
     /// rewrites the ICRCs of those whose differs from the one their ICRC is computed for.
     fn plan_idents(&mut self) {
-        let pending = &self.tx_descs[self.tx_pending..];
-        let mut batch: [TxDatagram<'_>; BATCH] = [TxDatagram::EMPTY; BATCH];
-        for (b, q) in batch.iter_mut().zip(pending) {
-            *b = TxDatagram {
-                dst: q.desc.dst,
-                payload: &self.tx_arena[q.offset..q.offset + q.desc.len],
-                ..TxDatagram::EMPTY
-            };
-        }
         let mut idents = [0u16; BATCH];
-        let n = pending.len().min(BATCH);
-        self.dp.plan_ipv4_idents(&batch[..n], &mut idents[..n]);
+        let n = {
+            let batch = Self::pending_batch(&self.tx_descs[self.tx_pending..], &self.tx_arena);
+            self.dp.plan_ipv4_idents(&batch, &mut idents[..batch.len()]);
+            batch.len()
+        };
         for (q, &id) in self.tx_descs[self.tx_pending..]
             .iter_mut()
             .zip(&idents[..n])
@@ -522,20 +536,11 @@ impl Engine {
     fn flush(&mut self, result: &mut PassResult) {
         while self.tx_pending < self.tx_descs.len() {
             self.plan_idents();
-            let pending = &self.tx_descs[self.tx_pending..];
-            let mut batch: [TxDatagram<'_>; BATCH] = [TxDatagram::EMPTY; BATCH];
-            for (b, q) in batch.iter_mut().zip(pending) {
-                let d = &q.desc;
-                *b = TxDatagram {
-                    dst: d.dst,
-                    src_port: d.src_port,
-                    tos: d.tos,
-                    hop_limit: d.hop_limit,
-                    flow_label: d.flow_label,
-                    payload: &self.tx_arena[q.offset..q.offset + d.len],
-                };
-            }
-            match self.dp.send(&batch[..pending.len()]) {
+            let sent = {
+                let batch = Self::pending_batch(&self.tx_descs[self.tx_pending..], &self.tx_arena);
+                self.dp.send(&batch)
+            };
+            match sent {
                 Ok(n) => {
                     for q in &self.tx_descs[self.tx_pending..self.tx_pending + n] {
                         self.ep.counters.tx_packets += 1;

@@ -13,7 +13,10 @@
 //!
 //! 1. **Gilbert-Elliott burst loss**: in the good state the link enters the bad state with
 //!    probability [`LinkConfig::burst_start`]; in the bad state it leaves with probability
-//!    [`LinkConfig::burst_end`]. Every datagram offered in the bad state is lost.
+//!    [`LinkConfig::burst_end`], and, offered with a time ([`FaultModel::offer_at`]), when
+//!    the bad state began [`LinkConfig::burst_max_ns`] or more before (the draw is made
+//!    either way, so a bound changes no other decision). Every datagram offered in the bad
+//!    state is lost.
 //! 2. **Independent loss** with probability [`LinkConfig::loss`].
 //! 3. **Duplication** with probability [`LinkConfig::duplicate`]: two copies instead of one.
 //!
@@ -82,6 +85,12 @@ pub struct LinkConfig {
     pub burst_start: f64,
     /// Chance to leave the bad state.
     pub burst_end: f64,
+    /// Longest time the bad state lasts, in ns (0: no bound). The state changes per datagram
+    /// offered, so without a bound a burst spans as much time as the traffic takes to offer
+    /// its datagrams: one retry per ACK timeout stretches a burst of a few datagrams over
+    /// several timeouts, which a congested or flapping link does not do. Applies to
+    /// [`FaultModel::offer_at`] only.
+    pub burst_max_ns: u64,
     /// Duplication.
     pub duplicate: f64,
     /// Reordering: the packet gets an extra delay uniform in `1..=reorder_delay_ns`.
@@ -104,6 +113,7 @@ impl LinkConfig {
             loss: 0.0,
             burst_start: 0.0,
             burst_end: 1.0,
+            burst_max_ns: 0,
             duplicate: 0.0,
             reorder: 0.0,
             reorder_delay_ns: 0,
@@ -190,6 +200,8 @@ pub struct FaultModel {
     cfg: LinkConfig,
     rng: SimRng,
     in_burst: bool,
+    /// When the bad state began (`offer_at`'s clock; 0 when offered without a time).
+    burst_since_ns: u64,
     stats: FaultStats,
 }
 
@@ -200,6 +212,7 @@ impl FaultModel {
             cfg,
             rng: SimRng::new(seed),
             in_burst: false,
+            burst_since_ns: 0,
             stats: FaultStats::default(),
         }
     }
@@ -222,14 +235,29 @@ impl FaultModel {
     /// Decides the fate of a datagram of `len` bytes (see the module docs for the order of
     /// decisions).
     pub fn offer(&mut self, len: usize) -> Verdict {
+        self.decide(len, None)
+    }
+
+    /// [`Self::offer`] at `now_ns` (any monotonic clock in ns): the same decisions, and a bad
+    /// state that began [`LinkConfig::burst_max_ns`] or more before `now_ns` ends.
+    pub fn offer_at(&mut self, len: usize, now_ns: u64) -> Verdict {
+        self.decide(len, Some(now_ns))
+    }
+
+    fn decide(&mut self, len: usize, now_ns: Option<u64>) -> Verdict {
         self.stats.offered += 1;
         let c = self.cfg;
         if self.in_burst {
-            if self.rng.chance(c.burst_end) {
+            // Drawn whatever the bound says: the RNG stream is the same with and without one.
+            let end = self.rng.chance(c.burst_end);
+            let expired = c.burst_max_ns > 0
+                && now_ns.is_some_and(|t| t.saturating_sub(self.burst_since_ns) >= c.burst_max_ns);
+            if end || expired {
                 self.in_burst = false;
             }
         } else if self.rng.chance(c.burst_start) {
             self.in_burst = true;
+            self.burst_since_ns = now_ns.unwrap_or(0);
         }
         if self.in_burst || self.rng.chance(c.loss) {
             self.stats.lost += 1;
@@ -308,6 +336,7 @@ mod tests {
             loss: 0.1,
             burst_start: 0.01,
             burst_end: 0.3,
+            burst_max_ns: 0,
             duplicate: 0.05,
             reorder: 0.05,
             reorder_delay_ns: 50_000,
@@ -361,6 +390,7 @@ mod tests {
         let cfg = LinkConfig {
             burst_start: 0.01,
             burst_end: 0.1,
+            burst_max_ns: 0,
             ..LinkConfig::perfect()
         };
         let (v, s) = run(cfg, 5, 20_000);
@@ -371,6 +401,59 @@ mod tests {
             .max()
             .unwrap_or(0);
         assert!(longest >= 10, "bursts should lose runs, longest {longest}");
+    }
+
+    /// Sparse traffic (one datagram per 1 ms, as retries per ACK timeout): without a bound a
+    /// burst that never ends by chance (`burst_end` 0) loses everything after it began; with
+    /// `burst_max_ns` it ends at the first offer that much later, and the RNG draws (so every
+    /// other decision) are the same as without the bound.
+    #[test]
+    fn a_burst_ends_after_its_time_bound() {
+        let cfg = LinkConfig {
+            burst_start: 0.2,
+            burst_end: 0.0,
+            ..LinkConfig::perfect()
+        };
+        let offers = |cfg: LinkConfig| {
+            let mut m = FaultModel::new(cfg, 7);
+            (0..200u64)
+                .map(|i| m.offer_at(100, i * 1_000_000))
+                .collect::<Vec<_>>()
+        };
+        let unbounded = offers(cfg);
+        let first = unbounded
+            .iter()
+            .position(Verdict::is_lost)
+            .expect("a burst began");
+        assert!(unbounded[first..].iter().all(Verdict::is_lost));
+        let bounded = offers(LinkConfig {
+            burst_max_ns: 3_500_000,
+            ..cfg
+        });
+        // Lost at +0, +1, +2 and +3 ms (still under 3.5 ms), delivered at +4 ms (the offer
+        // that ends a burst does not draw for a new one).
+        assert!(bounded[first..first + 4].iter().all(Verdict::is_lost));
+        assert!(!bounded[first + 4].is_lost());
+        assert!(bounded.iter().filter(|d| !d.is_lost()).count() > 100);
+        let mut longest = 0;
+        let mut run = 0;
+        for d in &bounded {
+            run = if d.is_lost() { run + 1 } else { 0 };
+            longest = longest.max(run);
+        }
+        // Every burst lasts exactly 4 offers here (`burst_end` 0), and at least one delivered
+        // offer separates two.
+        assert_eq!(longest, 4);
+        // Offered without a time, the bound does not apply.
+        let mut m = FaultModel::new(
+            LinkConfig {
+                burst_max_ns: 1,
+                ..cfg
+            },
+            7,
+        );
+        let untimed: Vec<_> = (0..200).map(|_| m.offer(100)).collect();
+        assert!(untimed[first..].iter().all(Verdict::is_lost));
     }
 
     #[test]

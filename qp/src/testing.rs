@@ -284,7 +284,9 @@ impl Link {
     /// counts as intact).
     fn offer(&mut self, now: Instant, frame: Vec<u8>, payload_off: usize) -> u8 {
         self.stats.sent += 1;
-        let verdict = self.faults.offer(frame.len() - payload_off);
+        let verdict = self
+            .faults
+            .offer_at(frame.len() - payload_off, now.as_nanos());
         if verdict.is_lost() {
             self.stats.lost += 1;
             return 0;

@@ -145,7 +145,7 @@ impl<D: Datapath> FaultInjector<D> {
 
     /// Offers a datagram to the model and holds its copies.
     fn offer(&mut self, now: Instant, model: &mut FaultModel, d: &TxDatagram<'_>) {
-        let verdict = model.offer(d.payload.len());
+        let verdict = model.offer_at(d.payload.len(), now.as_nanos());
         for copy in verdict.copies() {
             let mut data = self.spare.pop().unwrap_or_default();
             data.clear();

@@ -21,7 +21,17 @@ pub struct QpConfig {
     pub max_inflight_packets: u32,
     /// Request an ACK at least every this many packets, as well as at message ends.
     pub ack_req_every: u32,
+    /// Early retransmission (RC requester): the shortest wait, in nanoseconds, before packets
+    /// left unacknowledged for several measured round trips are sent again, without waiting
+    /// for the ACK timeout and without spending `retry_cnt`; `None` leaves recovery to NAKs
+    /// and the ACK timeout alone (IBTA's minimum). See `Timer::Probe`.
+    pub early_retransmit_min_ns: Option<u64>,
 }
+
+/// The default [`QpConfig::early_retransmit_min_ns`]: 2 ms, far above a round trip between
+/// hosts that share a switch (tens of microseconds), so that a host that is merely slow to
+/// answer (scheduling delays of a loaded machine) is rarely mistaken for a lost packet.
+pub const DEFAULT_EARLY_RETRANSMIT_MIN_NS: u64 = 2_000_000;
 
 impl QpConfig {
     /// Defaults for a QP type.
@@ -35,6 +45,7 @@ impl QpConfig {
             sq_sig_all: false,
             max_inflight_packets: 512,
             ack_req_every: 64,
+            early_retransmit_min_ns: Some(DEFAULT_EARLY_RETRANSMIT_MIN_NS),
         }
     }
 }

@@ -54,6 +54,7 @@ pub mod state;
 pub mod testing;
 pub mod verbs;
 
+pub use config::DEFAULT_EARLY_RETRANSMIT_MIN_NS;
 pub use mem::{AtomicOp, Mem};
 pub use qp::{udp_sport_for, Event, PostError, QpConfig, QpStats, QueuePair, RecvMeta, Transmit};
 pub use time::Instant;

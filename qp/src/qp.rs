@@ -457,6 +457,9 @@ impl QueuePair {
         if self.timers.take_expired(Timer::AckTimeout, now) {
             self.with_ctx(|cx, e| e.comp.ack_timer_fired(e.req, cx));
         }
+        if self.timers.take_expired(Timer::Probe, now) {
+            self.with_ctx(|cx, e| e.comp.probe_fired(e.req, cx, now));
+        }
         self.invariants();
     }
 

@@ -18,6 +18,8 @@ pub struct QpStats {
     pub retransmitted_packets: u64,
     /// ACK timeouts that fired.
     pub timeouts: u64,
+    /// Early retransmissions (`Timer::Probe`) that fired.
+    pub early_retransmits: u64,
     /// Sequence-error NAKs sent / received.
     pub seq_naks_sent: u64,
     /// Sequence-error NAKs received.
@@ -78,6 +80,7 @@ impl core::ops::AddAssign<&Self> for QpStats {
             rx_bytes,
             retransmitted_packets,
             timeouts,
+            early_retransmits,
             seq_naks_sent,
             seq_naks_received,
             rnr_naks_sent,
@@ -102,6 +105,7 @@ impl core::ops::AddAssign<&Self> for QpStats {
         self.rx_bytes += rx_bytes;
         self.retransmitted_packets += retransmitted_packets;
         self.timeouts += timeouts;
+        self.early_retransmits += early_retransmits;
         self.seq_naks_sent += seq_naks_sent;
         self.seq_naks_received += seq_naks_received;
         self.rnr_naks_sent += rnr_naks_sent;

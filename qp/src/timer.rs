@@ -10,16 +10,21 @@ pub enum Timer {
     AckTimeout,
     /// RNR wait of the RC requester: after an RNR NAK, the encoded time before resending.
     Rnr,
+    /// Early retransmission of the RC requester: packets outstanding with no progress for
+    /// several smoothed round trips (at least `QpConfig::early_retransmit_min_ns`, doubling
+    /// per probe without progress) are sent again from the oldest unacknowledged PSN. Unlike
+    /// [`Timer::AckTimeout`] it spends no retry and does not delay the ACK timeout.
+    Probe,
 }
 
 impl Timer {
     /// Every timer, in table order.
-    pub const VALUES: [Self; 2] = [Self::AckTimeout, Self::Rnr];
+    pub const VALUES: [Self; 3] = [Self::AckTimeout, Self::Rnr, Self::Probe];
 }
 
 /// Deadlines of every [`Timer`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TimerTable([Option<Instant>; 2]);
+pub struct TimerTable([Option<Instant>; 3]);
 
 impl TimerTable {
     /// Arms `timer` for `at`.
@@ -54,6 +59,6 @@ impl TimerTable {
     }
     /// Disarms everything.
     pub fn clear(&mut self) {
-        self.0 = [None; 2];
+        self.0 = [None; 3];
     }
 }

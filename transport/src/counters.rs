@@ -102,6 +102,9 @@ counters! {
         retransmitted_pkts,
         /// ACK timeouts (rxe `completer_retry_err` counts the ones that exhausted retries).
         ack_timeouts,
+        /// Early retransmissions: go-back-N after several round trips without progress,
+        /// before the ACK timeout and without spending a retry (`roce_qp::Timer::Probe`).
+        early_retransmits,
         /// Duplicate requests answered (rxe `duplicate_request`).
         duplicate_request,
         /// Sequence NAKs sent (rxe `out_of_seq_request`).
@@ -176,6 +179,7 @@ impl Counters {
         self.rcvd_pkts += s.rx_packets;
         self.retransmitted_pkts += s.retransmitted_packets;
         self.ack_timeouts += s.timeouts;
+        self.early_retransmits += s.early_retransmits;
         self.duplicate_request += s.duplicate_requests;
         self.out_of_seq_request += s.seq_naks_sent;
         self.rcvd_seq_err += s.seq_naks_received;

@@ -23,6 +23,10 @@
 //!   completes with REM_INV_REQ_ERR / REM_ACCESS_ERR / REM_OP_ERR and the QP enters ERR.
 //! - ACK timeout: go back to the oldest unacknowledged PSN; one `retry_cnt` spent; when none
 //!   is left the front WQE completes with RETRY_EXC_ERR and the QP enters ERR.
+//! - Early retransmission (`Timer::Probe`, not in IBTA, like the adaptive retransmission of
+//!   RDMA NICs): no progress for max(srtt + 4 rttvar, `QpConfig::early_retransmit_min_ns`),
+//!   doubling per probe: go back to the oldest unacknowledged PSN, the window halves, no
+//!   `retry_cnt` spent and the ACK timer keeps running (see [`Completer::probe_fired`]).
 
 use roce_wire::aeth::{rnr_timer_ns, NakCode, Syndrome};
 use roce_wire::{Opcode, PacketRepr, Psn};
@@ -163,7 +167,9 @@ impl Completer {
     fn progress_made(&mut self, req: &mut Requester, cx: &mut QpCtx<'_>, now: Instant) {
         self.reload_retries(cx.attr);
         req.window_acked(self.acked_psn);
+        req.rtt_acked(self.acked_psn, now);
         cx.timers.stop(Timer::AckTimeout);
+        cx.timers.stop(Timer::Probe);
         if req.has_outstanding(cx.sq, self.acked_psn) {
             if let Some(ns) = ack_timeout_ns(cx.attr.timeout) {
                 cx.timers.set(
@@ -171,6 +177,7 @@ impl Completer {
                     Instant::from_nanos(now.as_nanos().saturating_add(ns)),
                 );
             }
+            req.arm_probe(cx, now);
         }
     }
 
@@ -232,6 +239,7 @@ impl Completer {
         let resume = cx.sq.una_psn(self.acked_psn).unwrap_or(psn);
         self.rewind_lost(req, cx, resume, false);
         cx.timers.stop(Timer::AckTimeout);
+        cx.timers.stop(Timer::Probe);
     }
 
     fn on_rnr_nak(
@@ -260,6 +268,7 @@ impl Completer {
         self.rewind(req, cx, psn);
         req.wait_rnr();
         cx.timers.stop(Timer::AckTimeout);
+        cx.timers.stop(Timer::Probe);
         cx.timers.set(
             Timer::Rnr,
             Instant::from_nanos(now.as_nanos().saturating_add(rnr_timer_ns(timer))),
@@ -488,6 +497,27 @@ impl Completer {
         if !self.ack_through(cx, self.acked_psn) {
             self.retry_from_una(req, cx, false);
         }
+    }
+
+    /// The early retransmission timer fired (`Timer::Probe`): packets have been outstanding
+    /// for several round trips with no progress, most likely because a retransmitted packet, a
+    /// sequence NAK or the tail of a message was lost, none of which the responder reports
+    /// again (one NAK per error episode, C9-112). Go back to the oldest unacknowledged PSN now
+    /// rather than after the ACK timeout. A requester may send a packet again at any time (the
+    /// responder answers duplicates, 9.7.5.1.1), so this is invisible to the peer but for the
+    /// copies; like adaptive retransmission in RDMA NICs, it spends no `retry_cnt` and leaves
+    /// the ACK timer running, so a dead peer is still detected after `retry_cnt` ACK timeouts.
+    /// The window halves (a loss episode), and the next probe waits twice as long.
+    pub(crate) fn probe_fired(&mut self, req: &mut Requester, cx: &mut QpCtx<'_>, now: Instant) {
+        if !req.has_outstanding(cx.sq, self.acked_psn) || req.rnr_waiting() {
+            return;
+        }
+        cx.stats.early_retransmits += 1;
+        req.probe_fired();
+        self.retry_from_una(req, cx, false);
+        // Re-armed by the first packet sent again; should none go (the window or the READ
+        // limits hold them), from here.
+        req.arm_probe(cx, now);
     }
 
     /// The ACK timer fired: go back to the oldest unacknowledged PSN, or give up.

@@ -47,6 +47,43 @@ pub(crate) struct Requester {
     /// may be outstanding, counting every request of a split READ; and a re-request must lie
     /// inside one of them, or the responder has nothing to replay it from and drops it.
     rd_ends: VecDeque<Psn>,
+    /// Round-trip estimate for early retransmission (`Timer::Probe`).
+    rtt: Rtt,
+}
+
+/// The requester's round-trip estimate (RFC 6298 smoothing), which paces early
+/// retransmission ([`crate::timer::Timer::Probe`]).
+///
+/// One sample in flight at a time: the last PSN of a packet sent with AckReq set, timed until
+/// an acknowledgement covers it. A go-back-N rewind to or before that PSN drops the sample
+/// (the PSN will be sent again, and its ACK could answer either copy). Retransmitted packets
+/// are timed too (under steady loss a go-back-N requester may send nothing new for a long
+/// time, and would never measure at all); an ACK for an earlier copy of one can only make
+/// the estimate shorter, and the wait never goes below `QpConfig::early_retransmit_min_ns`.
+#[derive(Debug, Default)]
+struct Rtt {
+    /// The PSN being timed and when it was sent.
+    timing: Option<(Psn, Instant)>,
+    /// Smoothed round trip, ns (0: no sample yet, no early retransmission).
+    srtt_ns: u64,
+    /// Its mean deviation, ns.
+    rttvar_ns: u64,
+    /// Early retransmissions since the last progress: the wait doubles per probe.
+    backoff: u32,
+}
+
+impl Rtt {
+    fn sample(&mut self, ns: u64) {
+        let ns = ns.max(1);
+        if self.srtt_ns == 0 {
+            self.srtt_ns = ns;
+            self.rttvar_ns = ns / 2;
+        } else {
+            let dev = self.srtt_ns.abs_diff(ns);
+            self.rttvar_ns = (3 * self.rttvar_ns + dev) / 4;
+            self.srtt_ns = (7 * self.srtt_ns + ns) / 8;
+        }
+    }
 }
 
 /// The requester's go-back-N window, in packets (additive increase, multiplicative decrease).
@@ -116,6 +153,66 @@ impl Requester {
         self.since_ack_req = 0;
         self.window.reset(sq_psn.sub(1));
         self.rd_ends.clear();
+        self.rtt = Rtt::default();
+    }
+
+    /// The completer acknowledged every PSN up to `acked` (progress): a timed PSN it covers
+    /// is a round-trip sample, and early retransmission starts again from its shortest wait.
+    pub(crate) fn rtt_acked(&mut self, acked: Psn, now: Instant) {
+        if let Some((psn, sent)) = self.rtt.timing {
+            if !psn.is_after(acked) {
+                self.rtt
+                    .sample(now.as_nanos().saturating_sub(sent.as_nanos()));
+                self.rtt.timing = None;
+            }
+        }
+        self.rtt.backoff = 0;
+    }
+
+    /// How long after the last progress (or the last early retransmission) packets still
+    /// unacknowledged are sent again: max(srtt + 4 rttvar, the configured minimum), doubled
+    /// per early retransmission without progress; `None` when disabled, while waiting out an
+    /// RNR NAK, or when it would not come well before the ACK timeout anyway.
+    fn probe_ns(&self, cx: &QpCtx<'_>) -> Option<u64> {
+        let min = cx.cfg.early_retransmit_min_ns?;
+        if self.rnr_wait {
+            return None;
+        }
+        // Before the first sample (the first ACK lost, or every packet since the connection
+        // began sent again), four times the minimum: as TCP's initial RTO, cautious.
+        let base = if self.rtt.srtt_ns == 0 {
+            min.saturating_mul(4)
+        } else {
+            (self.rtt.srtt_ns + 4 * self.rtt.rttvar_ns).max(min)
+        };
+        let ns = base.saturating_mul(1 << self.rtt.backoff.min(20));
+        match ack_timeout_ns(cx.attr.timeout) {
+            Some(ack) if ns >= ack / 2 => None,
+            _ => Some(ns),
+        }
+    }
+
+    /// Arms the early retransmission timer from `now`, unless armed or not applicable.
+    pub(crate) fn arm_probe(&self, cx: &mut QpCtx<'_>, now: Instant) {
+        if cx.qp_type() != QpType::Rc || cx.timers.is_set(Timer::Probe) {
+            return;
+        }
+        if let Some(ns) = self.probe_ns(cx) {
+            cx.timers.set(
+                Timer::Probe,
+                Instant::from_nanos(now.as_nanos().saturating_add(ns)),
+            );
+        }
+    }
+
+    /// An early retransmission fired: the next one waits twice as long.
+    pub(crate) fn probe_fired(&mut self) {
+        self.rtt.backoff = self.rtt.backoff.saturating_add(1);
+    }
+
+    /// Whether the requester waits out an RNR NAK (sends nothing).
+    pub(crate) fn rnr_waiting(&self) -> bool {
+        self.rnr_wait
     }
 
     /// The completer acknowledged every PSN up to `acked`: the window grows.
@@ -532,6 +629,9 @@ impl Requester {
         if self.next_psn.is_before(self.high_psn) {
             cx.stats.retransmitted_packets += 1;
         }
+        if b.ack_req && !uc && self.rtt.timing.is_none() {
+            self.rtt.timing = Some((psn.add(psn_span.max(1) - 1), now));
+        }
         self.next_psn = psn.add(psn_span);
         if self.next_psn.is_after(self.high_psn) {
             self.high_psn = self.next_psn;
@@ -556,12 +656,18 @@ impl Requester {
             }
         } else {
             Self::arm_ack_timer(cx, now);
+            self.arm_probe(cx, now);
         }
         Some(len)
     }
 
     /// Go-back-N: resume transmission at `psn` (which must be outstanding).
     pub(crate) fn go_back(&mut self, sq: &mut SendQueue, psn: Psn) {
+        // A timed PSN that will be sent again is not timed further (its ACK could answer
+        // either copy; Karn).
+        if self.rtt.timing.is_some_and(|(p, _)| !p.is_before(psn)) {
+            self.rtt.timing = None;
+        }
         let mut target = None;
         for (i, w) in sq.iter().enumerate() {
             let (Some(first), Some(last)) = (w.first_psn, w.last_psn()) else {

@@ -2,7 +2,9 @@
 # benches/collectives/run.sh - issue 15's side-by-side benchmark: rocectl's collectives
 # (`rocectl coll-perf`, out of place, f32 sum, max over ranks of the mean per call) next to the
 # peers a user would otherwise pick and the ring "link limit", in ONE run, round-robin, on the
-# same namespaces. Root (apt-get, ip netns). Writes benches/results/collectives.md (summarize.py).
+# same namespaces. Root (apt-get, ip netns). Writes benches/results/collectives.md (summarize.py;
+# RESULTS=<file> writes elsewhere, e.g. a loss-only run:
+#   PEERS=faults NPS=2 LINKS=veth REPS=1 RESULTS=benches/results/collectives-loss.md benches/collectives/run.sh)
 #
 #   benches/collectives/run.sh                        # everything (~15 min with REPS=3)
 #   REPS=1 NPS=2 LINKS=veth PEERS="rocectl openmpi" benches/collectives/run.sh   # a quick subset
@@ -30,6 +32,7 @@
 #   torch     torch.distributed (Debian python3-torch 1.13, CPU) backend "gloo", tcp:// init
 #   faults    (only when named in PEERS; veth) kill -9 of rank 1, a cut-off rank 1 (nft drops all), and
 #             random loss on rank 1 (LOSS_PCTS): what torch/gloo and Open MPI report, and how fast
+#             they and rocectl run at that loss
 #   limit     N concurrent flows in a ring (rank i -> i+1): iperf3 TCP, and udpbw (perf-scripts/udpbw.c)
 #             UDP 4112-B datagrams (12 BTH + 4096 + 4 ICRC) with sendmmsg/recvmmsg and GSO->GRO.
 #             A ring allreduce's busbw cannot exceed the per-flow rate of this test.
@@ -298,6 +301,7 @@ NFT
   SIZES=1048576,16777216 OMPI_EXTRA="--mca mpi_yield_when_idle 1" run_openmpi veth "$n" "$BUILD/mpi_allreduce_perf.openmpi" \
     "openmpi-4.1.4/tcp+yield+loss$pct%" veth 1048576,16777216 "$TARGET" 2>>"$BUILD/stderr.log" | tee -a "$OUT"
   SIZES=1048576,16777216 LABEL_SUFFIX="+loss$pct%" peer_torch veth "$n" | tee -a "$OUT"
+  SIZES=1048576,16777216 ROCECTL_LABEL="rocectl/coll-perf+loss$pct%" peer_rocectl veth "$n" 2>>"$BUILD/stderr.log" | tee -a "$OUT"
   ip netns exec $P-r1 nft delete table inet colploss 2>/dev/null
   ip netns exec $P-r1 nft list tables 2>/dev/null | grep -q colploss && echo "warning: loss table left" >&2
 }
@@ -354,4 +358,5 @@ for (peer, link, n, size), v in rows.items():
 EOF
 cat "$OUT.summary" >> "$OUT"
 echo "# results: $OUT (summary also in $OUT.summary); peer stderr: $BUILD/stderr.log" >&2
-$PY "$HERE/summarize.py" "$OUT" "$HERE/../results/collectives.md" && echo "# table: benches/results/collectives.md" >&2
+RESULTS=${RESULTS:-$HERE/../results/collectives.md}
+$PY "$HERE/summarize.py" "$OUT" "$RESULTS" && echo "# table: $RESULTS" >&2

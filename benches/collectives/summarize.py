@@ -73,7 +73,9 @@ def main():
     for (p, _, _, _) in rows:
         if p not in peers:
             peers.append(p)
-    others = [p for p in peers if not p.startswith("rocectl/")]
+    # The peers ours is compared with: not ours, and not the loss probes (`+loss<pct>%`, a
+    # different experiment; a TCP peer at 1% loss can even beat its own lossless run).
+    others = [p for p in peers if not p.startswith("rocectl/") and "+loss" not in p]
     wrong = sum(x[2] for v in rows.values() for x in v)
     md = []
     md.append("# Collectives: rocectl vs the peers (issue 15)\n")
@@ -83,6 +85,8 @@ def main():
                   f"max {max(loads):.2f} over {len(loads)} cells. Figures taken under load are noise "
                   "for absolute values; read the ratios within one table.\n")
     md.append(f"Every measurement checked its result: {int(wrong)} wrong elements in total.\n")
+    md.append("Peers in this run: " + ", ".join(peers) + "; \"best peer\" below means the best of "
+              "these (the loss probes excluded).\n")
     md.append("Each cell: busbw in GB/s (1e9 B/s), f32 sum allreduce, out of place, time = max over "
               "ranks of the mean per call; median over the repetitions [min–max]. The limit rows are "
               "the per-flow rate of N simultaneous flows in a ring (a ring allreduce's busbw ceiling).\n")
@@ -163,6 +167,36 @@ def main():
     md.append("|---|---|---|---|")
     for name, value, target, ok, note in goals:
         md.append(f"| {name} | {value} | {target} | {'yes' if ok else 'no' + (' — ' + note if note else '')} |")
+    # Loss probes (the `faults` peer): each peer at LOSS_PCTS random loss on rank 1's input,
+    # against its own lossless run and against the best peer at the same loss.
+    losses = sorted({p.rsplit("+loss", 1)[1] for p in peers if "+loss" in p}, key=lambda x: float(x.rstrip("%")))
+    if losses:
+        md.append("\n## Under random loss (veth np=2, nft drops that share of rank 1's input)\n")
+        md.append("busbw GB/s; in brackets: the peer's own busbw without loss in this run.\n")
+        md.append("| peer | loss | 1 MiB | 16 MiB |")
+        md.append("|---|---:|---:|---:|")
+        for pct in losses:
+            for p in [p for p in peers if p.endswith("+loss" + pct)]:
+                base = p.rsplit("+loss", 1)[0]
+                cells = []
+                for sz in [1048576, 16777216]:
+                    v, b = med(busbw(p, "veth", 2, sz)), med(busbw(base, "veth", 2, sz))
+                    cells.append(f"{v:.3f}" + (f" ({b:.3f})" if b == b else ""))
+                md.append(f"| {base} | {pct} | " + " | ".join(cells) + " |")
+            ours = OURS + "+loss" + pct
+            r = []
+            for sz in [1048576, 16777216]:
+                o = med(busbw(ours, "veth", 2, sz))
+                c = [med(busbw(p, "veth", 2, sz)) for p in peers
+                     if p.endswith("+loss" + pct) and not p.startswith("rocectl/") and busbw(p, "veth", 2, sz)]
+                r.append(f"{o / max(c):.2f}×" if c and o == o else "")
+            md.append(f"| **{OURS} / best peer** | {pct} | " + " | ".join(r) + " |")
+    faults = [l.rstrip() for l in open(raw) if l.startswith("fault:")]
+    if faults:
+        md.append("\n## Fault probes of the peers (what their users see)\n")
+        md.append("```")
+        md.extend(faults)
+        md.append("```")
     open(out, "w").write("\n".join(md) + "\n")
     print("\n".join(md))
 

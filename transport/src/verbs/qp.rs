@@ -278,6 +278,12 @@ impl TryFrom<RemoteQpRepr> for RemoteQp {
 ///   PSN, `retry_cnt` (7) times; then the work request completes with
 ///   [`WcStatus::RetryExcErr`](crate::WcStatus::RetryExcErr) and the QP enters ERR (about
 ///   0.5 s with the defaults).
+/// - **A lost packet** is normally repaired within a round trip (the responder's sequence
+///   NAK). What the responder cannot report (a lost retransmission, NAK or message tail) is
+///   sent again by early retransmission once the packets have waited max(several measured
+///   round trips, 2 ms), doubling per attempt, without spending `retry_cnt` and without
+///   delaying the ACK timeouts above ([`QpInit::config`]'s
+///   `early_retransmit_min_ns`; `None` waits for the ACK timeout as IBTA alone would).
 /// - **Receiver not ready** (a SEND or WRITE_WITH_IMM arrives where no receive is posted):
 ///   the responder answers an RNR NAK carrying its `min_rnr_timer`; the requester waits that
 ///   long and resends. **`rnr_retry` 7, the default, means retry forever**, as in verbs: a

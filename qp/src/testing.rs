@@ -23,7 +23,7 @@ use crate::mem::Mem;
 use crate::qp::{QpConfig, QueuePair, RecvMeta};
 use crate::state::{bring_up_steps, QpAttr};
 use crate::time::Instant;
-use crate::verbs::{AddressHandle, Completion, CqSide, Mtu, QpState, QpType, Sge};
+use crate::verbs::{AddressHandle, Completion, CqSide, Mtu, QpState, QpType, SendOp, SendWr, Sge};
 
 pub use crate::fault::LinkConfig;
 
@@ -374,6 +374,27 @@ impl Pair {
             trace: Vec::new(),
             links,
             buf: vec![0u8; 4096 + 128],
+        }
+    }
+
+    /// Registers a `len`-byte source at A and an `n * len`-byte destination at B, and posts
+    /// `n` RDMA WRITEs (wr_id `0..n`) of the whole source into consecutive slices of it.
+    ///
+    /// # Panics
+    /// If a post fails (a send queue smaller than `n`: a test setup error).
+    pub fn post_writes(&mut self, n: u64, len: u32) {
+        let src = self.a.register(&vec![0x5a; len as usize]);
+        let dst = self.b.register(&vec![0u8; len as usize * n as usize]);
+        for i in 0..n {
+            let wr = SendWr::new(
+                i,
+                SendOp::RdmaWrite {
+                    remote_addr: dst.addr + u64::from(len) * i,
+                    rkey: dst.rkey(),
+                },
+                vec![src.sge(0, len)],
+            );
+            self.a.qp.post_send(self.now, wr).expect("post_send");
         }
     }
 

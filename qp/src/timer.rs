@@ -24,7 +24,7 @@ impl Timer {
 
 /// Deadlines of every [`Timer`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TimerTable([Option<Instant>; 3]);
+pub struct TimerTable([Option<Instant>; Timer::VALUES.len()]);
 
 impl TimerTable {
     /// Arms `timer` for `at`.
@@ -59,6 +59,6 @@ impl TimerTable {
     }
     /// Disarms everything.
     pub fn clear(&mut self) {
-        self.0 = [None; 3];
+        self.0 = [None; Timer::VALUES.len()];
     }
 }

@@ -35,22 +35,8 @@ fn run(seed: u64, loss: f64, early: Option<u64>) -> Run {
     cfg.timeout = TIMEOUT;
     cfg.qp.early_retransmit_min_ns = early;
     let mut pair = Pair::new(cfg);
-    let len = 512u32 << 10;
-    let n = 16u64;
-    let src = pair.a.register(&vec![0x5a; len as usize]);
-    let dst = pair.b.register(&vec![0u8; len as usize * n as usize]);
     let start = pair.now;
-    for i in 0..n {
-        let wr = SendWr::new(
-            i,
-            SendOp::RdmaWrite {
-                remote_addr: dst.addr + u64::from(len) * i,
-                rkey: dst.rkey(),
-            },
-            vec![src.sge(0, len)],
-        );
-        pair.a.qp.post_send(pair.now, wr).unwrap();
-    }
+    pair.post_writes(16, 512 << 10);
     assert!(
         pair.drive_bounded(50_000_000),
         "seed {seed}: did not settle"

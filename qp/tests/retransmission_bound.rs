@@ -21,19 +21,7 @@ fn run(seed: u64, link: LinkConfig, n: u64, len: u32) -> (u64, u64, u64, u64) {
     cfg.timeout = 8; // ~1 ms
     cfg.retry_cnt = 7;
     let mut pair = Pair::new(cfg);
-    let src = pair.a.register(&vec![0x5a; len as usize]);
-    let dst = pair.b.register(&vec![0u8; len as usize * n as usize]);
-    for i in 0..n {
-        let wr = SendWr::new(
-            i,
-            SendOp::RdmaWrite {
-                remote_addr: dst.addr + u64::from(len) * i,
-                rkey: dst.rkey(),
-            },
-            vec![src.sge(0, len)],
-        );
-        pair.a.qp.post_send(pair.now, wr).unwrap();
-    }
+    pair.post_writes(n, len);
     assert!(pair.drive_bounded(5_000_000), "seed {seed}: did not settle");
     let sc = pair.a.send_completions();
     let report = format!(

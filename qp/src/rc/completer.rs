@@ -509,7 +509,9 @@ impl Completer {
     /// the ACK timer running, so a dead peer is still detected after `retry_cnt` ACK timeouts.
     /// The window halves (a loss episode), and the next probe waits twice as long.
     pub(crate) fn probe_fired(&mut self, req: &mut Requester, cx: &mut QpCtx<'_>, now: Instant) {
-        if !req.has_outstanding(cx.sq, self.acked_psn) || req.rnr_waiting() {
+        // Never armed while an RNR wait holds the requester (`Requester::arm_probe`; an RNR
+        // NAK stops it), so only a probe with nothing left to resend is moot.
+        if !req.has_outstanding(cx.sq, self.acked_psn) {
             return;
         }
         cx.stats.early_retransmits += 1;

@@ -217,11 +217,6 @@ impl Requester {
         self.rtt.backoff = self.rtt.backoff.saturating_add(1);
     }
 
-    /// Whether the requester waits out an RNR NAK (sends nothing).
-    pub(crate) fn rnr_waiting(&self) -> bool {
-        self.rnr_wait
-    }
-
     /// The completer acknowledged every PSN up to `acked`: the window grows.
     pub(crate) fn window_acked(&mut self, acked: Psn) {
         let w = &mut self.window;

@@ -3,6 +3,8 @@
 # apt (CI runs as root).
 #   tshark    Wireshark's dissector: checks that our captures decode as RoCE
 #   iproute2  `ip netns`/veth for the two-namespace integration tests
+#   tcpdump ethtool  what is on the wire of a veth, and its offloads switched off
+#             (transport/tests/gso.rs and others; a fresh machine has neither)
 #   nftables  kernel packet loss (numgen random) for the lossy-network tests
 #   python3   the fake pingpong peers of bin/tests/pingpong_errors.rs (a test fails in CI
 #             without it, by the test kit's skip policy)
@@ -13,6 +15,8 @@ set -euo pipefail
 need=()
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v tcpdump >/dev/null 2>&1 || need+=(tcpdump)
+command -v ethtool >/dev/null 2>&1 || [ -x /usr/sbin/ethtool ] || need+=(ethtool)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v ibv_rc_pingpong >/dev/null 2>&1 || need+=(ibverbs-utils)

@@ -10,11 +10,13 @@
 #   REPS=1 NPS=2 LINKS=veth PEERS="rocectl openmpi" benches/collectives/run.sh   # a quick subset
 #
 # This is a copy of shared/perf-scripts/collectives-peers.sh (the study's reference runner; its
-# harnesses are copied into harness/), with the peers `rocectl` and `rocectl_busypoll` added:
+# harnesses are copied into harness/), with the peers `rocectl`, `rocectl_busypoll` and `rocectl_block` added:
 #   rocectl          `rocectl coll-perf all_reduce -a 3 -c 1` per size, each rank in the same
 #                    namespace as the peers' ranks (veth: 198.18.0.<i+1>; lo: 127.0.0.<i+1>),
 #                    torchrun's variables; ROCECTL ($ROCECTL, default target/release/rocectl)
 #   rocectl_busypoll the same with --busy-poll
+#   rocectl_block    the same with --spin off (sleep at once: the default before the spin; on
+#                    this VM a wake-up costs ~35 us, the kernel's blocking UDP ping-pong 75 us)
 #
 # Links (all traffic stays inside namespaces this script creates, and deletes on exit):
 #   lo   : every rank in netns colp-lo, which has only `lo` (127.0.0.1).
@@ -48,7 +50,7 @@ OUT=${OUT:-$BUILD/results-$(date +%Y%m%d-%H%M%S).txt}
 SIZES=${SIZES:-4096,65536,1048576,16777216,67108864}
 NPS=${NPS:-"2 4"}
 LINKS=${LINKS:-"lo veth"}
-PEERS=${PEERS:-"limit rocectl rocectl_busypoll openmpi openmpi_yield mpich mpi4py gloo torch"}
+PEERS=${PEERS:-"limit rocectl rocectl_busypoll rocectl_block openmpi openmpi_yield mpich mpi4py gloo torch"}
 MPICH_OVERSUB=${MPICH_OVERSUB:-0}  # MPICH (ch4:ucx) busy-polls: with more ranks than cores it crawls
                                    # (24 ms per 4 KiB allreduce at np=4 here) and hung past 300 s
                                    # after its last result, so np > nproc is skipped unless this is 1
@@ -249,6 +251,9 @@ BUSYPOLL_OVERSUB=${BUSYPOLL_OVERSUB:-0}  # spinning ranks beyond the cores starv
 peer_rocectl_busypoll() {
   if [ "$2" -gt "$(nproc)" ] && [ "$BUSYPOLL_OVERSUB" != 1 ]; then echo "# rocectl busy-poll np=$2 > $(nproc) cpus: skipped (BUSYPOLL_OVERSUB=1 runs it)"; return; fi
   ROCECTL_LABEL=rocectl/coll-perf+busypoll peer_rocectl "$1" "$2" --busy-poll
+}
+peer_rocectl_block() {
+  ROCECTL_LABEL=rocectl/coll-perf+block peer_rocectl "$1" "$2" --spin off
 }
 
 # ---------------------------------------------------------------- failure behaviour (veth only)

@@ -240,6 +240,28 @@ struct Blob {
     service: SocketAddr,
     cfg: (usize, usize, usize),
     peers: Vec<Option<PeerInfo>>,
+    /// The kernel's boot ID (`/proc/sys/kernel/random/boot_id`): ranks that report the
+    /// same one share a host's CPUs (network namespaces and containers do). Empty when it
+    /// cannot be read (such a rank counts as alone on its host).
+    host: Vec<u8>,
+}
+
+/// This host's boot ID, or nothing.
+fn boot_id() -> Vec<u8> {
+    std::fs::read("/proc/sys/kernel/random/boot_id")
+        .map(|mut v| {
+            v.truncate(64);
+            v
+        })
+        .unwrap_or_default()
+}
+
+/// How many ranks of `blobs` run on the host of `me` (itself included).
+fn local_ranks(blobs: &[Blob], me: &Blob) -> usize {
+    if me.host.is_empty() {
+        return 1;
+    }
+    blobs.iter().filter(|b| b.host == me.host).count().max(1)
 }
 
 fn encode_blob(b: &Blob) -> Vec<u8> {
@@ -263,6 +285,7 @@ fn encode_blob(b: &Blob) -> Vec<u8> {
             }
         }
     }
+    e.bytes(&b.host);
     e.0
 }
 
@@ -299,6 +322,7 @@ fn decode_blob(v: &[u8], from: usize) -> Result<Blob, CollError> {
             _ => Some(PeerInfo::decode(&mut d).map_err(|_| bad())?),
         });
     }
+    let host = d.bytes().map_err(|_| bad())?.to_vec();
     Ok(Blob {
         comm_id,
         size,
@@ -306,6 +330,7 @@ fn decode_blob(v: &[u8], from: usize) -> Result<Blob, CollError> {
         service,
         cfg,
         peers,
+        host,
     })
 }
 
@@ -474,6 +499,15 @@ impl Communicator {
     /// The options.
     pub fn options(&self) -> &CommOptions {
         &self.shared.opts
+    }
+
+    /// How long a blocking wait of this communicator polls before it sleeps
+    /// ([`CommOptions::spin`] resolved for this host at set-up; zero after the
+    /// communicator has closed). With [`CommOptions::busy_poll`] every wait polls.
+    pub fn spin(&self) -> Duration {
+        lock(&self.shared.net)
+            .as_ref()
+            .map_or(Duration::ZERO, Net::spin)
     }
 
     /// The device's local address.
@@ -1023,6 +1057,7 @@ impl Setup<'_> {
             slots: opts.slots,
             qps: opts.qps_per_peer,
             busy_poll: opts.busy_poll,
+            spin: Duration::ZERO,
         };
         let peers: Vec<bool> = (0..size).map(|p| p != rank).collect();
         let mut net = Net::new(&dev, rank, &peers, cfg, status.clone())?;
@@ -1033,6 +1068,7 @@ impl Setup<'_> {
             service: service.addr(),
             cfg: (cfg.chunk, cfg.slots, cfg.qps),
             peers: (0..size).map(|p| net.info_for(p)).collect(),
+            host: boot_id(),
         };
         let all = ex.run(tags.0, rank, size, encode_blob(&blob), deadline)?;
         let blobs = all
@@ -1060,6 +1096,8 @@ impl Setup<'_> {
             };
             net.connect(p, b.gid, info)?;
         }
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        net.set_spin(opts.spin.resolve(local_ranks(&blobs, &blob), cpus));
         let comm_id = blobs[0].comm_id;
         let services: Vec<SocketAddr> = blobs.iter().map(|b| b.service).collect();
         let monitor = Arc::new(MonitorClient::join(

@@ -59,7 +59,9 @@
 //! transfer phases with chunk-level dependencies, so a ring forwards each chunk as soon as
 //! it is reduced (the pipeline overlaps sending, receiving and reducing).
 //!
-//! Waiting blocks on the completion queue by default (fair on shared, oversubscribed hosts);
+//! Waiting blocks on the completion queue by default (fair on shared, oversubscribed hosts),
+//! after polling it for at most [`DEFAULT_SPIN`] (50 µs) where every rank on the host has a
+//! CPU of its own ([`Spin`]: a wake-up costs more than a small operation on some hosts);
 //! [`CommOptions::busy_poll`] spins instead.
 //!
 //! ## Results
@@ -135,4 +137,4 @@ pub use bootstrap::{Bootstrap, ExchangeFn};
 pub use comm::{AbortHandle, CallScope, Communicator, Handle};
 pub use dtype::{DataType, Element, ReduceOp};
 pub use error::CollError;
-pub use options::{Algorithm, CommOptions, DeviceChoice, DeviceConfigFn};
+pub use options::{Algorithm, CommOptions, DeviceChoice, DeviceConfigFn, Spin, DEFAULT_SPIN};

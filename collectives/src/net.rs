@@ -352,6 +352,19 @@ pub(crate) struct NetConfig {
     pub(crate) slots: usize,
     pub(crate) qps: usize,
     pub(crate) busy_poll: bool,
+    /// How long a wait polls before it blocks (resolved from [`crate::Spin`] at set-up).
+    pub(crate) spin: Duration,
+}
+
+/// How [`Net::poll_and_handle`] looks for completions.
+#[derive(Clone, Copy, Debug)]
+enum Wait {
+    /// Take what is queued, if anything.
+    Poll,
+    /// Poll once (a CQ poll that finds nothing runs an engine pass itself).
+    Spin,
+    /// Wait up to this long: spinning with [`NetConfig::busy_poll`], else blocking.
+    Block(Duration),
 }
 
 /// A communicator's connections and executor.
@@ -472,6 +485,16 @@ impl Net {
     }
 
     /// What to tell peer `p` (`None` if not connected to it).
+    /// Sets how long a wait polls before it blocks.
+    pub(crate) fn set_spin(&mut self, spin: Duration) {
+        self.cfg.spin = spin;
+    }
+
+    /// How long a wait polls before it blocks.
+    pub(crate) fn spin(&self) -> Duration {
+        self.cfg.spin
+    }
+
     pub(crate) fn info_for(&self, p: usize) -> Option<PeerInfo> {
         let peer = self.peers.get(p)?.as_ref()?;
         Some(PeerInfo {
@@ -667,21 +690,19 @@ impl Net {
         }
     }
 
-    fn poll_and_handle(&mut self, wait: Option<Duration>) -> Result<bool, (usize, String)> {
+    fn poll_and_handle(&mut self, wait: Wait) -> Result<bool, (usize, String)> {
         let mut wc = std::mem::take(&mut self.wc);
         let n = match wait {
-            None => {
+            Wait::Poll => {
                 if self.cq.is_empty() {
                     0
                 } else {
                     self.cq.poll(&mut wc)
                 }
             }
-            Some(t) if self.cfg.busy_poll => {
-                let _ = t;
-                self.cq.poll(&mut wc)
-            }
-            Some(t) => self.cq.wait(&mut wc, t),
+            Wait::Spin => self.cq.poll(&mut wc),
+            Wait::Block(_) if self.cfg.busy_poll => self.cq.poll(&mut wc),
+            Wait::Block(t) => self.cq.wait(&mut wc, t),
         };
         let r = self.handle(&wc[..n]);
         self.wc = wc;
@@ -875,6 +896,8 @@ impl Net {
             rq[r.peer].push_back(i);
         }
         let mut left = x.sends.len() + x.recvs.len();
+        // When the current spell without progress began (the spin's clock).
+        let mut idle_since: Option<Instant> = None;
         loop {
             self.status.check(phase)?;
             let mut progressed = false;
@@ -1070,7 +1093,8 @@ impl Net {
                 return Ok(());
             }
             let waited = if progressed {
-                self.poll_and_handle(None)
+                idle_since = None;
+                self.poll_and_handle(Wait::Poll)
             } else {
                 let now = Instant::now();
                 if now >= deadline {
@@ -1132,7 +1156,14 @@ impl Net {
                         })?;
                     }
                 }
-                self.poll_and_handle(Some((deadline - now).min(Duration::from_millis(10))))
+                // Poll (a CQ poll that finds nothing runs an engine pass itself) until this
+                // idle spell has lasted the spin, then sleep on the CQ.
+                let idle = now - *idle_since.get_or_insert(now);
+                self.poll_and_handle(if idle < self.cfg.spin {
+                    Wait::Spin
+                } else {
+                    Wait::Block((deadline - now).min(Duration::from_millis(10)))
+                })
             };
             if let Err((p, why)) = waited {
                 return Err(CollError::PeerFailed {

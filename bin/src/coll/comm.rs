@@ -108,6 +108,9 @@ pub(crate) fn open(args: &super::perf::PerfArgs) -> anyhow::Result<Box<dyn Comm>
     }
     o.deterministic |= args.deterministic;
     o.busy_poll |= args.busy_poll;
+    if let Some(s) = &args.spin {
+        o.spin = s.parse()?;
+    }
     if let Some(a) = args.addr {
         o.device = DeviceChoice::Address(a);
     }
@@ -205,9 +208,17 @@ impl Comm for roce_collectives::Communicator {
     }
     fn device(&self) -> (String, String) {
         let o = self.options();
+        let wait = if o.busy_poll {
+            "busy-poll".to_string()
+        } else {
+            match self.spin().as_micros() {
+                0 => "block".to_string(),
+                us => format!("spin {us} us, block"),
+            }
+        };
         (
             self.local_addr().to_string(),
-            format!("rocectl {}", o.algorithm.name()),
+            format!("rocectl {} ({wait})", o.algorithm.name()),
         )
     }
 }

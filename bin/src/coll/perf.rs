@@ -329,6 +329,10 @@ pub(crate) struct PerfArgs {
     /// Busy-poll completions instead of blocking (rocectl)
     #[arg(long)]
     pub(crate) busy_poll: bool,
+    /// How long a blocking wait polls first: auto, off, or microseconds (rocectl; default:
+    /// ROCECTL_COLL_SPIN, else auto: 50 us where every rank on the host has a CPU)
+    #[arg(long)]
+    pub(crate) spin: Option<String>,
     /// This rank's RoCE address (rocectl; default: ROCECTL_COLL_ADDR, else the library's choice)
     #[arg(long)]
     pub(crate) addr: Option<std::net::IpAddr>,

@@ -1674,8 +1674,11 @@ const MAX_SPLIT_TRIES: usize = 8;
 /// kernel cuts it only for the UDP socket, so the raw socket sees it as one large packet
 /// whose segments' Identifications are the header's + 0, 1, 2, ... (`inet_gso_segment`).
 /// Where the first packet's headers give its length (`length_from_headers`: WRITE ONLY's
-/// RETH, the fixed-size ACKs, READ requests and atomics) that length decides, with no ICRC
-/// computed here (the engine checks every segment's). Otherwise the message is told apart
+/// RETH, the fixed-size ACKs, READ requests and atomics) that length is the only candidate:
+/// a packet of exactly that length is one datagram (no ICRC computed here: the engine checks
+/// it), and a longer one is cut there if its first segment's ICRC is valid at that length
+/// and the whole packet's is not (a single packet with a wrong length stays one, for the
+/// engine to count once). Otherwise the message is told apart
 /// by what no single RoCEv2 packet can be: longer than [`MAX_ROCE_PAYLOAD`], a FIRST/MIDDLE
 /// packet whose payload is not a path MTU, or, for other opcodes, an ICRC that is wrong for
 /// the whole packet. The segment size is then the first candidate whose first segment
@@ -1685,20 +1688,26 @@ const MAX_SPLIT_TRIES: usize = 8;
 ///
 /// The header rule matters for cost: a sender's GSO run may end in a shorter datagram of
 /// another kind (an RC WRITE ONLY of 4 KiB and the ACK the same pass built), and finding its
-/// size by the BTH search walked the whole first packet and computed its ICRC twice more
-/// (measured: 6.5% of a busy-polling 4 KiB allreduce over a veth).
+/// size by the BTH search walked the whole first packet as well (measured: 6.5% of a
+/// busy-polling 4 KiB allreduce over a veth); a single WRITE ONLY or ACK no longer has its
+/// ICRC computed here before the engine does.
 fn split_gso_message(ip: &[u8]) -> Option<usize> {
     let payload = ip.get(IPV4_HEADER + UDP_HEADER..)?;
     if payload.len() < 12 + 4 {
         return None;
     }
     let opcode = payload[0];
-    // Opcodes whose headers give the packet's length: one datagram of exactly that length,
-    // or a message whose segments are that long (each segment's ICRC is the engine's check;
-    // a header that lies only cuts the message where the engine's checks then drop it).
+    // Opcodes whose headers give the packet's length: a datagram of exactly that length is
+    // one packet (its ICRC is the engine's check). Otherwise it is a message of segments of
+    // that length if the first carries a valid ICRC at that length, unless the whole packet
+    // carries one (a single packet whose headers disagree with its length, e.g. a READ
+    // request with a payload: the responder's to refuse, as one packet).
     if let Some(len) = length_from_headers(payload) {
-        return (len != payload.len() && len >= 16 && len < payload.len() && len % 4 == 0)
-            .then_some(len);
+        if len == payload.len() || (payload.len() <= MAX_ROCE_PAYLOAD && icrc::verify(ip)) {
+            return None;
+        }
+        let fits = len >= 16 && len < payload.len() && len % 4 == 0;
+        return (fits && first_segment_icrc_ok(ip, len)).then_some(len);
     }
     // FIRST and MIDDLE packets of RC and UC: the header length, their payload a path MTU.
     let first_middle = match opcode & 0x1F {
@@ -2090,6 +2099,11 @@ mod tests {
             .collect();
         assert_eq!(split_gso_message(&acks[0]), None);
         assert_eq!(split_gso_message(&whole_message(&acks)), Some(20));
+        // A READ request with a payload (valid ICRC): one packet, for the responder to NAK.
+        let read = roce_v4(0x0C, 0, &[0u8; 16 + 64]);
+        assert_eq!(split_gso_message(&read), None);
+        // An ACK with bytes after its AETH: one packet too.
+        assert_eq!(split_gso_message(&roce_v4(0x11, 0, &[0x1F; 24])), None);
         // A WRITE ONLY whose RETH claims more than the message holds: not cut.
         let mut liar = vec![0u8; 16 + 100];
         liar[12..16].copy_from_slice(&4_096u32.to_be_bytes());

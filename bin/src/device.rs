@@ -69,6 +69,8 @@ pub(crate) struct DeviceArgs {
     pub(crate) progress: Progress,
     /// Engines ([`DeviceConfig::engines`]; 0 or 1: one), from [`engines_setting`].
     pub(crate) engines: Engines,
+    /// [`DeviceConfig::engine_spin`] (zero: none).
+    pub(crate) engine_spin: std::time::Duration,
 }
 
 /// The engines a tool asked its device for ([`DeviceConfig::engines`]), and whether the user
@@ -190,7 +192,7 @@ pub(crate) fn open_device(args: DeviceArgs) -> anyhow::Result<(Device, u8, Gid)>
     config.mtu = args.mtu;
     config.capture = crate::signals::open_capture(args.pcap.as_deref(), &dev.name)?;
     config.progress = args.progress;
-    config = config.engines(args.engines.n);
+    config = config.engines(args.engines.n).engine_spin(args.engine_spin);
     // Initial PSNs, memory keys and QPNs come from the OS random source (the device's
     // default): they differ from run to run and from the peer's.
     let device = Device::open(config).with_context(|| {

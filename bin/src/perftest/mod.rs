@@ -79,6 +79,10 @@ impl AtomicType {
     }
 }
 
+/// With `--recv busy`, how long an engine thread polls on after a pass that received
+/// something (the passive side of READ/WRITE/atomic latency: answered without a wake-up).
+const ENGINE_SPIN: Duration = Duration::from_micros(50);
+
 /// How a tool waits for completions (`--recv`; `block` is `-e`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum RecvMode {
@@ -158,7 +162,9 @@ pub(crate) struct PerfArgs {
     /// Sleep on completion events instead of busy polling
     #[arg(short = 'e', long)]
     events: bool,
-    /// How to wait: busy (poll, the default) or block (as -e)
+    /// How to wait: busy (poll, the default) or block (as -e). Busy also keeps an engine
+    /// thread polling for 50 us after each request it answers (the passive side of READ,
+    /// atomics)
     #[arg(long, value_enum)]
     recv: Option<RecvMode>,
     /// Ignored (perftest: do not fail on CPU frequency differences)
@@ -250,6 +256,8 @@ pub(crate) struct Config {
     pcap: Option<PathBuf>,
     backend: BackendKind,
     progress: Progress,
+    /// The device's engine spin ([`roce_transport::DeviceConfig::engine_spin`]).
+    engine_spin: Duration,
     inflight: Option<u32>,
     ack_every: Option<u32>,
     qp_timeout: u8,
@@ -485,6 +493,9 @@ impl Config {
             pcap: a.pcap.clone(),
             backend: a.backend,
             progress,
+            // Busy: the engine thread (where there is one: the passive side of READ, WRITE
+            // and atomics) polls on for a while after each request too, as a NIC would.
+            engine_spin: if busy { ENGINE_SPIN } else { Duration::ZERO },
             inflight: a.inflight,
             ack_every: a.ack_every,
             qp_timeout: a.qp_timeout,

@@ -648,6 +648,7 @@ fn open_device(cfg: &Config, peer: Option<IpAddr>) -> anyhow::Result<(Device, u8
             backend: cfg.backend,
             mtu: None,
             engines: cfg.engines,
+            engine_spin: cfg.engine_spin,
         });
     };
     let name = netdev::interface_for_addr(ip)
@@ -656,7 +657,8 @@ fn open_device(cfg: &Config, peer: Option<IpAddr>) -> anyhow::Result<(Device, u8
     let mut config = DeviceConfig::udp(ip)
         .name(name)
         .progress(cfg.progress)
-        .engines(cfg.engines.n);
+        .engines(cfg.engines.n)
+        .engine_spin(cfg.engine_spin);
     config.capture = crate::signals::open_capture(cfg.pcap.as_deref(), &config.name)?;
     let dev = Device::open(config)
         .with_context(|| format!("opening the device on {ip} (--local {ip})"))?;

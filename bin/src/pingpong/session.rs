@@ -57,6 +57,7 @@ pub(super) fn run(opts: &Options) -> anyhow::Result<ExitCode> {
         progress: roce_transport::Progress::Thread,
         // One QP: `ROCECTL_ENGINES` only (no flag), default one engine.
         engines: crate::device::engines_setting(None, 1)?,
+        engine_spin: Duration::ZERO,
     })?;
     let port = device.query_port();
     let ifname = port

@@ -92,6 +92,8 @@ pub(crate) struct DeviceShared {
     /// Application threads blocked in the datapath, and the engine thread's side of it
     /// (`wait.rs`; only on a device with one engine).
     pub(crate) wait: wait::WaitState,
+    /// [`DeviceConfig::engine_spin`].
+    pub(crate) engine_spin: Duration,
     /// The link to the rocectl daemon, when it serves this device's address.
     pub(crate) daemon: Option<Arc<crate::control::DaemonClient>>,
     /// With several engines: the name that keeps kernel-demux members off the address while
@@ -319,6 +321,7 @@ impl Device {
             local,
             ip_mtu: caps.ip_mtu,
             wait: wait::WaitState::default(),
+            engine_spin: config.engine_spin,
             daemon,
             _shard_marker: shard_marker,
         });

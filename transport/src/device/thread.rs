@@ -190,6 +190,8 @@ pub(super) fn run_thread(d: &DeviceShared, index: usize, mut poll: mio::Poll, ha
     let s = &d.shards[index];
     let _ = s.engine_thread.set(std::thread::current());
     let mut events = mio::Events::with_capacity(16);
+    // When a pass of this thread last received something (for `engine_spin`).
+    let mut last_rx: Option<Instant> = None;
     while !d.stop.load(Ordering::SeqCst) {
         // Whether the application receives for itself: then stay off the descriptor (module
         // docs) and plan to be back within one window, so that a doorbell does not wake this
@@ -218,6 +220,18 @@ pub(super) fn run_thread(d: &DeviceShared, index: usize, mut poll: mio::Poll, ha
         if r.more_rx {
             continue;
         }
+        if !d.engine_spin.is_zero() && !stepping {
+            // Poll on (the next pass) while requests came within the spin: the next one is
+            // answered without a wake-up.
+            if r.received > 0 {
+                last_rx = Some(Instant::now());
+            }
+            if last_rx.is_some_and(|t| t.elapsed() < d.engine_spin) && !r.tx_blocked {
+                s.sleep_until.store(0, Ordering::Release);
+                std::hint::spin_loop();
+                continue;
+            }
+        }
         let mut timeout = deadline.unwrap_or(Duration::from_secs(1));
         if r.tx_blocked || !has_fd {
             timeout = timeout.min(Duration::from_micros(200));
@@ -237,10 +251,95 @@ pub(super) fn run_thread(d: &DeviceShared, index: usize, mut poll: mio::Poll, ha
             s.sleep_until.store(0, Ordering::Release);
             continue;
         }
+        d.wait.thread_fd_sleeps.fetch_add(1, Ordering::Relaxed);
         if poll.poll(&mut events, Some(timeout)).is_err() {
             std::thread::sleep(Duration::from_millis(1));
         }
         d.wait.engine_on_fd.store(false, Ordering::SeqCst);
         s.sleep_until.store(0, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use crate::datapath::sim::SimNetwork;
+    use crate::{
+        Access, ConnectOptions, Device, DeviceConfig, Progress, Psn, QpInit, QpType, RecvWr,
+        RemoteQp, SendOp, SendWr,
+    };
+
+    /// How often the engine thread of a passive device (nobody polls its CQ) goes to sleep on
+    /// its datapath while `n` SENDs arrive 1 ms apart, with `spin`.
+    fn sleeps_while_receiving(x: u8, spin: Duration, n: u64) -> u64 {
+        let net = SimNetwork::perfect();
+        let open = |host: u8, spin: Duration| {
+            Device::open(
+                DeviceConfig::sim(&net, format!("10.32.{x}.{host}").parse().unwrap())
+                    .progress(Progress::Thread)
+                    .engine_spin(spin),
+            )
+            .unwrap()
+        };
+        let (a, b) = (open(1, Duration::ZERO), open(2, spin));
+        let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+        let (ca, cb) = (a.create_cq(1024).unwrap(), b.create_cq(1024).unwrap());
+        let qa = pa.create_qp(&QpInit::new(QpType::Rc, &ca)).unwrap();
+        let qb = pb.create_qp(&QpInit::new(QpType::Rc, &cb)).unwrap();
+        let ma = pa.register(vec![7u8; 64], Access::LOCAL_WRITE).unwrap();
+        let mb = pb.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+        let o = ConnectOptions::default();
+        let remote = |d: &Device, q: &crate::QueuePair| RemoteQp {
+            qpn: q.qpn(),
+            psn: Psn::new(0),
+            gid: d.local_gid(),
+        };
+        qa.connect(&remote(&b, &qb), &o).unwrap();
+        qb.connect(&remote(&a, &qa), &o).unwrap();
+        for id in 0..n {
+            qb.post_recv(RecvWr {
+                wr_id: id,
+                sges: vec![mb.sge(0, 64)],
+            })
+            .unwrap();
+        }
+        // The first SEND wakes the thread whatever it does; count from there.
+        qa.post_send(SendWr::new(0, SendOp::Send, vec![ma.sge(0, 64)]))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let before = b.shared().wait.thread_fd_sleeps.load(Ordering::Relaxed);
+        for id in 1..n {
+            qa.post_send(SendWr::new(id, SendOp::Send, vec![ma.sge(0, 64)]))
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut wc = [crate::Completion::EMPTY; 64];
+        let mut got = 0;
+        let t = std::time::Instant::now();
+        while got < n as usize {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{got} of {n} received"
+            );
+            got += cb.poll(&mut wc);
+        }
+        b.shared().wait.thread_fd_sleeps.load(Ordering::Relaxed) - before
+    }
+
+    /// With `engine_spin` the engine thread of a device whose application does not poll
+    /// answers requests that keep coming without going to sleep between them; without it,
+    /// it sleeps between every two.
+    #[test]
+    fn an_engine_thread_with_a_spin_stays_awake_while_requests_keep_coming() {
+        const N: u64 = 40;
+        let spinning = sleeps_while_receiving(1, Duration::from_secs(2), N);
+        let sleeping = sleeps_while_receiving(2, Duration::ZERO, N);
+        assert!(spinning <= 2, "slept {spinning} times with a spin");
+        assert!(
+            sleeping >= N / 2,
+            "slept only {sleeping} times without a spin over {N} requests 1 ms apart"
+        );
     }
 }

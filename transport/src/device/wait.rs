@@ -115,6 +115,8 @@ pub(crate) struct WaitState {
     pub(super) engine_on_fd: AtomicBool,
     /// Datagrams the engine thread's own passes received (tests: it stepped back).
     pub(crate) thread_received: AtomicU64,
+    /// Times the engine thread went to sleep on the datapath's descriptor (tests: its spin).
+    pub(crate) thread_fd_sleeps: AtomicU64,
     /// Whether the datapath has a readiness descriptor (asked once).
     has_fd: OnceLock<bool>,
 }

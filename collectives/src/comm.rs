@@ -26,7 +26,7 @@ use crate::options::{Algorithm, CommOptions, DeviceChoice};
 use crate::service::{self, MonitorClient, Service};
 use crate::status::Status;
 
-const MAGIC: u32 = 0x524f_4331; // "ROC1"
+const MAGIC: u32 = 0x524f_4332; // "ROC2": since the blob carries the host's boot ID
 const TAG_INIT: u64 = 0;
 const TAG_READY: u64 = 1;
 

@@ -484,7 +484,6 @@ impl Net {
         })
     }
 
-    /// What to tell peer `p` (`None` if not connected to it).
     /// Sets how long a wait polls before it blocks.
     pub(crate) fn set_spin(&mut self, spin: Duration) {
         self.cfg.spin = spin;
@@ -495,6 +494,7 @@ impl Net {
         self.cfg.spin
     }
 
+    /// What to tell peer `p` (`None` if not connected to it).
     pub(crate) fn info_for(&self, p: usize) -> Option<PeerInfo> {
         let peer = self.peers.get(p)?.as_ref()?;
         Some(PeerInfo {
@@ -1165,6 +1165,11 @@ impl Net {
                     Wait::Block((deadline - now).min(Duration::from_millis(10)))
                 })
             };
+            // Completions that unblocked nothing yet (credits, a part of a zero-copy send)
+            // still show the peers are moving: the spin's clock starts again.
+            if matches!(waited, Ok(true)) {
+                idle_since = None;
+            }
             if let Err((p, why)) = waited {
                 return Err(CollError::PeerFailed {
                     rank,

@@ -79,8 +79,9 @@ impl AtomicType {
     }
 }
 
-/// With `--recv busy`, how long an engine thread polls on after a pass that received
-/// something (the passive side of READ/WRITE/atomic latency: answered without a wake-up).
+/// Polling latency and atomic tests (busy: the default without `-e` or `--recv block`): how
+/// long an engine thread polls on after a pass that received something (the passive side of
+/// READ/WRITE/atomic latency: answered without a wake-up).
 const ENGINE_SPIN: Duration = Duration::from_micros(50);
 
 /// How a tool waits for completions (`--recv`; `block` is `-e`).
@@ -162,9 +163,9 @@ pub(crate) struct PerfArgs {
     /// Sleep on completion events instead of busy polling
     #[arg(short = 'e', long)]
     events: bool,
-    /// How to wait: busy (poll, the default) or block (as -e). Busy also keeps an engine
-    /// thread polling for 50 us after each request it answers (the passive side of READ,
-    /// atomics)
+    /// How to wait: busy (poll, the default) or block (as -e). Busy latency and atomic tests
+    /// also keep an engine thread polling for 50 us after each request it answers (the
+    /// passive side of READ, atomics)
     #[arg(long, value_enum)]
     recv: Option<RecvMode>,
     /// Ignored (perftest: do not fail on CPU frequency differences)
@@ -493,9 +494,19 @@ impl Config {
             pcap: a.pcap.clone(),
             backend: a.backend,
             progress,
-            // Busy: the engine thread (where there is one: the passive side of READ, WRITE
-            // and atomics) polls on for a while after each request too, as a NIC would.
-            engine_spin: if busy { ENGINE_SPIN } else { Duration::ZERO },
+            // Polling latency and atomic tests: the engine thread (where there is one: the
+            // passive side of READ, WRITE and atomics) polls on for a while after each
+            // request too, as a NIC would. Not the bandwidth tools: there a spinning passive
+            // side takes the core the sender needs (2 shared cores).
+            engine_spin: if busy
+                && matches!(
+                    tool,
+                    Tool::SendLat | Tool::WriteLat | Tool::ReadLat | Tool::AtomicBw
+                ) {
+                ENGINE_SPIN
+            } else {
+                Duration::ZERO
+            },
             inflight: a.inflight,
             ack_every: a.ack_every,
             qp_timeout: a.qp_timeout,

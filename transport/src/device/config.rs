@@ -306,9 +306,12 @@ impl DeviceConfig {
     /// atomics, WRITE into an idle process), at the price of a core while requests keep
     /// coming. A request that arrives while the thread sleeps costs a wake-up (~10 µs
     /// here, ~35 µs on some virtual machines) before anything answers it. Zero (the default)
-    /// sleeps at once. Not used while an application thread polls or waits in the datapath
-    /// itself (the engine thread then steps back: `device/thread.rs`). The `rocectl` tools
-    /// set it with `--recv busy`.
+    /// sleeps at once. The spin polls the datapath's readiness descriptor without the engine
+    /// lock and runs a pass when something is readable. Only on a datapath with such a
+    /// descriptor, and not while an application thread polls or waits in the datapath itself
+    /// (the engine thread then steps back: `device/thread.rs`). The `rocectl` latency tools
+    /// and `atomic-bw` set 50 µs when they poll (the default, without `-e` or `--recv
+    /// block`).
     pub fn engine_spin(mut self, spin: std::time::Duration) -> Self {
         self.engine_spin = spin;
         self

@@ -220,16 +220,37 @@ pub(super) fn run_thread(d: &DeviceShared, index: usize, mut poll: mio::Poll, ha
         if r.more_rx {
             continue;
         }
-        if !d.engine_spin.is_zero() && !stepping {
-            // Poll on (the next pass) while requests came within the spin: the next one is
-            // answered without a wake-up.
+        if !d.engine_spin.is_zero() && !stepping && has_fd && !r.tx_blocked {
+            // Requests came within the spin: poll on, so that the next one is answered
+            // without a wake-up. Without the engine lock (an application thread may post
+            // meanwhile): zero-timeout polls of the datapath's descriptor and the waker until
+            // either is readable (then a pass), the next timer is due, or the spin since the
+            // last receive is over. The plan stays published in `sleep_until`, so a doorbell
+            // with an earlier timer wakes us through the waker as it would a sleeping thread.
             if r.received > 0 {
                 last_rx = Some(Instant::now());
             }
-            if last_rx.is_some_and(|t| t.elapsed() < d.engine_spin) && !r.tx_blocked {
-                s.sleep_until.store(0, Ordering::Release);
-                std::hint::spin_loop();
-                continue;
+            if let Some(t) = last_rx {
+                let mut end = t + d.engine_spin;
+                if let Some(due) = deadline {
+                    end = end.min(Instant::now() + due);
+                }
+                if Instant::now() < end {
+                    // An application thread that comes to wait in the datapath takes over.
+                    while Instant::now() < end
+                        && !d.stop.load(Ordering::Relaxed)
+                        && d.wait.app_waiting.load(Ordering::Relaxed) == 0
+                    {
+                        if poll.poll(&mut events, Some(Duration::ZERO)).is_ok()
+                            && !events.is_empty()
+                        {
+                            break;
+                        }
+                        std::hint::spin_loop();
+                    }
+                    s.sleep_until.store(0, Ordering::Release);
+                    continue;
+                }
             }
         }
         let mut timeout = deadline.unwrap_or(Duration::from_secs(1));

@@ -503,7 +503,8 @@ impl Communicator {
 
     /// How long a blocking wait of this communicator polls before it sleeps
     /// ([`CommOptions::spin`] resolved for this host at set-up; zero after the
-    /// communicator has closed). With [`CommOptions::busy_poll`] every wait polls.
+    /// communicator has closed; [`Duration::MAX`] with [`CommOptions::busy_poll`]: every
+    /// wait polls).
     pub fn spin(&self) -> Duration {
         lock(&self.shared.net)
             .as_ref()
@@ -1056,7 +1057,6 @@ impl Setup<'_> {
             chunk: (opts.chunk_bytes & !7).max(8),
             slots: opts.slots,
             qps: opts.qps_per_peer,
-            busy_poll: opts.busy_poll,
             spin: Duration::ZERO,
         };
         let peers: Vec<bool> = (0..size).map(|p| p != rank).collect();
@@ -1097,7 +1097,11 @@ impl Setup<'_> {
             net.connect(p, b.gid, info)?;
         }
         let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        net.set_spin(opts.spin.resolve(local_ranks(&blobs, &blob), cpus));
+        net.set_spin(if opts.busy_poll {
+            Duration::MAX
+        } else {
+            opts.spin.resolve(local_ranks(&blobs, &blob), cpus)
+        });
         let comm_id = blobs[0].comm_id;
         let services: Vec<SocketAddr> = blobs.iter().map(|b| b.service).collect();
         let monitor = Arc::new(MonitorClient::join(

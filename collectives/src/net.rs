@@ -351,8 +351,8 @@ pub(crate) struct NetConfig {
     pub(crate) chunk: usize,
     pub(crate) slots: usize,
     pub(crate) qps: usize,
-    pub(crate) busy_poll: bool,
-    /// How long a wait polls before it blocks (resolved from [`crate::Spin`] at set-up).
+    /// How long a wait polls before it blocks (resolved from [`crate::Spin`] at set-up;
+    /// [`Duration::MAX`] with [`crate::CommOptions::busy_poll`]: it never blocks).
     pub(crate) spin: Duration,
 }
 
@@ -363,7 +363,7 @@ enum Wait {
     Poll,
     /// Poll once (a CQ poll that finds nothing runs an engine pass itself).
     Spin,
-    /// Wait up to this long: spinning with [`NetConfig::busy_poll`], else blocking.
+    /// Block on the CQ up to this long.
     Block(Duration),
 }
 
@@ -701,7 +701,6 @@ impl Net {
                 }
             }
             Wait::Spin => self.cq.poll(&mut wc),
-            Wait::Block(_) if self.cfg.busy_poll => self.cq.poll(&mut wc),
             Wait::Block(t) => self.cq.wait(&mut wc, t),
         };
         let r = self.handle(&wc[..n]);

@@ -1698,16 +1698,13 @@ fn split_gso_message(ip: &[u8]) -> Option<usize> {
     }
     let opcode = payload[0];
     // Opcodes whose headers give the packet's length: a datagram of exactly that length is
-    // one packet (its ICRC is the engine's check). Otherwise it is a message of segments of
-    // that length if the first carries a valid ICRC at that length, unless the whole packet
-    // carries one (a single packet whose headers disagree with its length, e.g. a READ
-    // request with a payload: the responder's to refuse, as one packet).
-    if let Some(len) = length_from_headers(payload) {
-        if len == payload.len() || (payload.len() <= MAX_ROCE_PAYLOAD && icrc::verify(ip)) {
-            return None;
-        }
-        let fits = len >= 16 && len < payload.len() && len % 4 == 0;
-        return (fits && first_segment_icrc_ok(ip, len)).then_some(len);
+    // one packet (its ICRC is the engine's check); otherwise that length is the only
+    // candidate below (a single packet whose headers disagree with its length, e.g. a READ
+    // request with a payload, still carries a valid ICRC as a whole and stays one packet,
+    // the responder's to refuse).
+    let header_len = length_from_headers(payload);
+    if header_len == Some(payload.len()) {
+        return None;
     }
     // FIRST and MIDDLE packets of RC and UC: the header length, their payload a path MTU.
     let first_middle = match opcode & 0x1F {
@@ -1731,6 +1728,9 @@ fn split_gso_message(ip: &[u8]) -> Option<usize> {
     }
     let fits =
         |s: usize| s >= 16 && s < payload.len() && s % 4 == 0 && first_segment_icrc_ok(ip, s);
+    if let Some(len) = header_len {
+        return Some(len).filter(|&s| fits(s));
+    }
     if let Some(h) = first_middle {
         return PMTUS.iter().map(|p| h + p + 4).find(|&s| fits(s));
     }

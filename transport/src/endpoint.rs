@@ -382,13 +382,11 @@ impl Endpoint {
             let Some(slot) = self.qps.get_mut(qpn) else {
                 continue;
             };
-            while let Some((side, c)) = slot.qp.poll_completion() {
-                let cq = match side {
-                    CqSide::Send => &slot.send_cq,
-                    CqSide::Recv => &slot.recv_cq,
-                };
-                cq.push(c);
-            }
+            let (send_cq, recv_cq) = (&slot.send_cq, &slot.recv_cq);
+            slot.qp.drain_completions_sends_first(|side, c| match side {
+                CqSide::Send => send_cq.push(c),
+                CqSide::Recv => recv_cq.push(c),
+            });
             while let Some(e) = slot.qp.poll_event() {
                 let ev = AsyncEvent {
                     qpn: Qpn::new(slot.qp.qpn().value()),

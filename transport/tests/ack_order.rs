@@ -1,13 +1,16 @@
 //! The latency path of an RC ping-pong over the `udp` backend on loopback: the ACK of the
 //! message a side answers leaves *behind* the answer, in the same `sendmmsg`, as one UDP GSO
-//! message (`Engine::acks_last`).
+//! message (`Engine::acks_last`), and the peer still sees its send complete before the
+//! answer arrives, as with a NIC (`QueuePair::drain_completions_sends_first`).
 //!
 //! Two devices with application-driven progress (as the latency tools run) ping-pong 64-byte
 //! SENDs; a probe datapath records every batch the engine hands to the socket. Checked: the
-//! data of every message, that a batch holding an ACK and a request has the request first,
-//! and that such batches went out as GSO messages (one packet through the kernel instead of
+//! data of every message, the order of each side's completions (its send's before the
+//! answer's receive), that a batch holding an ACK and a request has the request first, and
+//! that such batches went out as GSO messages (one packet through the kernel instead of
 //! two), with no ICRC error at the receiver (the ACK's ICRC was rewritten for Identification
-//! 1, the segment number the kernel gives it).
+//! 1, the segment number the kernel gives it). Once with receivers that take the GSO message
+//! whole (`UDP_GRO`), once with receivers the kernel cuts it for.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -86,9 +89,12 @@ const SEND_ONLY: u8 = 0x04;
 const ACK: u8 = 0x11;
 
 fn side(ip: &str) -> Side {
+    side_with(ip, UdpOptions::default())
+}
+
+fn side_with(ip: &str, opts: UdpOptions) -> Side {
     let local = SocketAddr::new(ip.parse::<IpAddr>().unwrap(), 4791);
-    let inner = UdpDatapath::bind(local, UdpOptions::default())
-        .unwrap_or_else(|e| panic!("bind {local}: {e}"));
+    let inner = UdpDatapath::bind(local, opts).unwrap_or_else(|e| panic!("bind {local}: {e}"));
     let batches = Arc::new(Mutex::new(Vec::new()));
     let stats = Arc::new(Mutex::new(UdpStats::default()));
     let probe = Probe {
@@ -166,7 +172,20 @@ impl Side {
 #[test]
 fn a_pingpong_sends_each_answer_before_the_ack_it_carries_in_one_gso_message() {
     // Addresses of our own in 127/8 so that no other test's device is in the way.
-    let (a, b) = (side("127.61.0.1"), side("127.61.0.2"));
+    pingpong(["127.61.0.1", "127.61.0.2"], true);
+}
+
+#[test]
+fn the_ack_behind_an_answer_still_completes_first_when_the_kernel_cuts_the_message() {
+    pingpong(["127.61.0.4", "127.61.0.5"], false);
+}
+
+fn pingpong(ips: [&str; 2], gro: bool) {
+    let opts = UdpOptions {
+        gro,
+        ..UdpOptions::default()
+    };
+    let (a, b) = (side_with(ips[0], opts), side_with(ips[1], opts));
     let remote = |s: &Side| RemoteQp {
         qpn: s.qp.qpn(),
         psn: Psn::new(0),
@@ -178,21 +197,21 @@ fn a_pingpong_sends_each_answer_before_the_ack_it_carries_in_one_gso_message() {
     b.post_recv(0);
     a.post_recv(0);
     // One thread drives both sides in turn, as two ping-pong processes would. A side's
-    // completions come in the order of the packets that made them (one CQ per side): the
-    // peer's message first, then the ACK of its own, which travelled behind it.
+    // send completes before the message that answers it is received (one CQ per side),
+    // although the ACK travelled behind the answer.
     for round in 1..=ROUNDS {
         a.send(round);
         a.post_recv(round as u64);
-        b.poll(false);
         if round > 1 {
             // The ACK of `b`'s previous answer came behind `a`'s SEND.
             b.poll(true);
         }
+        b.poll(false);
         b.check_received(round);
         b.post_recv(round as u64);
         b.send(round);
-        a.poll(false);
         a.poll(true);
+        a.poll(false);
         a.check_received(round);
     }
     // `a` deferred the ACK of the last answer: its next pass sends it.

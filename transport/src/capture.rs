@@ -14,7 +14,7 @@
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Once, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use roce_wire::pcap::PcapWriter;
@@ -69,6 +69,41 @@ impl CaptureFile {
     pub fn path(&self) -> PathBuf {
         lock(&self.0).path().to_path_buf()
     }
+
+    /// Flushes this capture when the process calls `exit` (an `atexit` handler), for as long
+    /// as it is open: a program that exits without closing its device (perftest on an
+    /// error, through the drop-in) would otherwise lose up to 1 MiB of buffered frames, the
+    /// last ones and the interesting ones. A capture another thread is writing at that
+    /// moment is skipped rather than waited for. A crash (a signal) still loses the buffer.
+    pub fn flush_at_exit(&self) {
+        static HOOK: Once = Once::new();
+        let mut list = lock(&AT_EXIT);
+        list.retain(|w| w.strong_count() > 0);
+        list.push(Arc::downgrade(&self.0));
+        drop(list);
+        HOOK.call_once(|| {
+            // A failed registration only means no flush at exit.
+            let _ = crate::sys::at_exit(flush_all_at_exit);
+        });
+    }
+}
+
+/// The captures [`CaptureFile::flush_at_exit`] flushes (dropped ones fail to upgrade).
+static AT_EXIT: Mutex<Vec<Weak<Mutex<Capture>>>> = Mutex::new(Vec::new());
+
+/// The `atexit` handler: flushes every registered capture nobody is writing.
+extern "C" fn flush_all_at_exit() {
+    // No unwinding into libc's exit.
+    let _ = std::panic::catch_unwind(|| {
+        let Ok(list) = AT_EXIT.try_lock() else {
+            return;
+        };
+        for c in list.iter().filter_map(Weak::upgrade) {
+            if let Ok(mut c) = c.try_lock() {
+                let _ = c.flush();
+            }
+        }
+    });
 }
 
 /// An open capture file.

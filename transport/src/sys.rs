@@ -12,6 +12,16 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Registers `f` to run when the process calls `exit` (`atexit(3)`); false if it could not
+/// be registered. `f` must not unwind.
+pub(crate) fn at_exit(f: extern "C" fn()) -> bool {
+    #[allow(unsafe_code)]
+    // SAFETY: atexit takes a plain function pointer with no arguments and keeps it; `f` is a
+    // `fn` item (lives for the whole program).
+    let r = unsafe { libc::atexit(f) };
+    r == 0
+}
+
 /// A close-on-exec duplicate of `raw` (`F_DUPFD_CLOEXEC`), owned by the caller.
 ///
 /// # Errors

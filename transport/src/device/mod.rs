@@ -691,10 +691,12 @@ fn engines_for(
 
 fn open_capture(path: &std::path::Path, dev: &str) -> Result<CaptureFile, OpenError> {
     let text = path.to_string_lossy().replace("{dev}", dev);
-    CaptureFile::create(&text).map_err(|e| OpenError::Capture {
+    let capture = CaptureFile::create(&text).map_err(|e| OpenError::Capture {
         path: text,
         source: e,
-    })
+    })?;
+    capture.flush_at_exit();
+    Ok(capture)
 }
 
 /// Before an application thread sleeps on the engine's behalf: sends what a pass deferred,

@@ -1087,6 +1087,13 @@ struct Msgs {
     ctrls: Box<[Ctrl]>,
     /// Datagrams in each prepared transmit message.
     segments: Box<[usize]>,
+    /// Messages `rx_dirty..rx_linked` are linked for receive and untouched since: a receive
+    /// relinks only the others (a busy poll's empty `recvmmsg` then costs no relinking of
+    /// the whole array). The kernel writes the lengths and flags of the messages it fills,
+    /// and a transmit relinks the messages it prepares; both raise `rx_dirty`.
+    rx_linked: usize,
+    /// See `rx_linked`.
+    rx_dirty: usize,
 }
 
 // SAFETY: the raw pointers in `hdrs` and `iovs` point into this struct's own boxed arrays or
@@ -1114,6 +1121,8 @@ impl Msgs {
             names,
             ctrls: vec![Ctrl([0; CTRL_LEN]); n].into(),
             segments: vec![0; n].into(),
+            rx_linked: 0,
+            rx_dirty: 0,
         }
     }
 
@@ -1200,6 +1209,7 @@ impl Msgs {
         };
         self.segments[i] = segments;
         self.link(i, ctrl_len);
+        self.rx_dirty = self.rx_dirty.max(i + 1);
     }
 
     /// `sendmmsg` of the first `n` prepared messages; returns how many went out.
@@ -1224,8 +1234,13 @@ impl Msgs {
                 iov_base: buf.as_mut_ptr().cast(),
                 iov_len: buf.len(),
             };
-            self.link(i, CTRL_LEN);
+            if i < self.rx_dirty || i >= self.rx_linked {
+                self.link(i, CTRL_LEN);
+            }
         }
+        // Transmit-prepared messages past `n` stay to relink.
+        let stale = if self.rx_dirty > n { self.rx_dirty } else { 0 };
+        self.rx_linked = self.rx_linked.max(n);
         loop {
             #[allow(unsafe_code)]
             // SAFETY: `hdrs[..n]` point at live names, control buffers (CTRL_LEN bytes each)
@@ -1241,8 +1256,12 @@ impl Msgs {
                 )
             };
             if r >= 0 {
-                return Ok(r as usize);
+                let r = r as usize;
+                self.rx_dirty = r.max(stale);
+                return Ok(r);
             }
+            // A failed call filled no message (one that filled some returns their count).
+            self.rx_dirty = stale;
             let e = io::Error::last_os_error();
             if e.kind() != io::ErrorKind::Interrupted {
                 return Err(e);

@@ -435,8 +435,9 @@ impl Engine {
     }
 
     /// Moves a plain ACK at the front of the pending datagrams behind the requests that follow
-    /// it, when they can all leave as one UDP GSO message (below); otherwise the built order
-    /// stands.
+    /// it, when the datapath then sends them all as one UDP GSO message
+    /// ([`Datapath::first_message_len`], below; its bytes are copied to the end of the arena, so
+    /// the run stays back to back in memory); otherwise the built order stands.
     ///
     /// The ACK of a message received by a pass that deferred its sending ([`Self::progress`]
     /// with `defer_tx`) waits in the arena until the application answers. A ping-pong's
@@ -466,23 +467,9 @@ impl Engine {
         let [ack, requests @ ..] = pending else {
             return;
         };
-        let Some(first) = requests.first() else {
-            return;
-        };
-        let same_flow = |q: &Queued| {
-            let (a, b) = (&q.desc, &first.desc);
-            (a.dst, a.src_port, a.tos, a.hop_limit, a.flow_label)
-                == (b.dst, b.src_port, b.tos, b.hop_limit, b.flow_label)
-                && dest_qp(packet(q)) == dest_qp(packet(first))
-        };
-        let one_gso_message = pending.len() <= self.dp.caps().max_gso_segments
-            && ack.desc.len <= first.desc.len
-            && same_flow(ack)
-            && requests
-                .iter()
-                .all(|q| q.desc.len == first.desc.len && same_flow(q));
-        if kind(packet(ack)) != Kind::Ack
-            || !one_gso_message
+        if requests.is_empty()
+            || pending.len() > BATCH
+            || kind(packet(ack)) != Kind::Ack
             || !requests.iter().all(|q| kind(packet(q)) == Kind::Request)
         {
             return;
@@ -491,12 +478,21 @@ impl Engine {
         if self.tx_arena.len() - self.tx_used < len {
             return;
         }
-        let q = &mut self.tx_descs[self.tx_pending];
-        self.tx_arena
-            .copy_within(q.offset..q.offset + len, self.tx_used);
-        q.offset = self.tx_used;
+        let (offset, used) = (ack.offset, self.tx_used);
+        self.tx_arena.copy_within(offset..offset + len, used);
+        self.tx_descs[self.tx_pending].offset = used;
         self.tx_used += len;
         self.tx_descs[self.tx_pending..].rotate_left(1);
+        // The datapath decides what forms one message (flow, sizes, GSO support).
+        let whole = {
+            let batch = Self::pending_batch(&self.tx_descs[self.tx_pending..], &self.tx_arena);
+            self.dp.first_message_len(&batch) == batch.len()
+        };
+        if !whole {
+            self.tx_descs[self.tx_pending..].rotate_right(1);
+            self.tx_descs[self.tx_pending].offset = offset;
+            self.tx_used = used;
+        }
     }
 
     /// The first [`BATCH`] pending datagrams as the datapath takes them. Built only as long as
@@ -598,11 +594,6 @@ enum Kind {
     Request,
     /// Anything else (responses, NAKs, CNPs, unknown opcodes).
     Other,
-}
-
-/// The destination QP of a built packet (BTH .. ICRC); `None` when shorter than a BTH.
-fn dest_qp(packet: &[u8]) -> Option<&[u8]> {
-    packet.get(5..8)
 }
 
 /// The [`Kind`] of a built packet (BTH .. ICRC).

@@ -61,6 +61,9 @@ impl Datapath for Probe {
     fn plan_ipv4_idents(&mut self, batch: &[TxDatagram<'_>], idents: &mut [u16]) {
         self.inner.plan_ipv4_idents(batch, idents);
     }
+    fn first_message_len(&mut self, batch: &[TxDatagram<'_>]) -> usize {
+        self.inner.first_message_len(batch)
+    }
     fn recv(
         &mut self,
         bufs: &mut [std::io::IoSliceMut<'_>],

@@ -200,6 +200,13 @@ pub trait Datapath: Send + fmt::Debug {
         idents.fill(0);
     }
 
+    /// How many datagrams from the front of `batch` the next [`Datapath::send`] of exactly
+    /// this batch would carry in its first message (one UDP GSO message, or one datagram); 0
+    /// for an empty batch. Default: 1 (no coalescing).
+    fn first_message_len(&mut self, batch: &[TxDatagram<'_>]) -> usize {
+        batch.len().min(1)
+    }
+
     /// Receives up to `bufs.len()` buffers; fills `meta[i]` for each. Returns how many were
     /// filled; `Err(WouldBlock)` when nothing is waiting.
     ///

@@ -586,6 +586,10 @@ impl Datapath for RelayDatapath {
         self.inner.plan_ipv4_idents(batch, idents);
     }
 
+    fn first_message_len(&mut self, batch: &[TxDatagram<'_>]) -> usize {
+        self.inner.first_message_len(batch)
+    }
+
     fn recv(&mut self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RxMeta]) -> io::Result<usize> {
         let cap = bufs.len().min(meta.len());
         if cap == 0 {

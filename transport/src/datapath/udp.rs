@@ -928,6 +928,19 @@ impl Datapath for UdpDatapath {
         result
     }
 
+    /// Prepares the first message as [`Datapath::send`] will (planned, as the engine plans
+    /// every batch before sending it) and reports its datagrams.
+    fn first_message_len(&mut self, batch: &[TxDatagram<'_>]) -> usize {
+        let planned = mem::replace(&mut self.planned, true);
+        let n = if self.prepare_tx(&batch[..batch.len().min(self.gso_segments.max(1))]) > 0 {
+            self.msgs.segments[0]
+        } else {
+            0
+        };
+        self.planned = planned;
+        n
+    }
+
     /// Plans as [`Datapath::send`] will send, assuming every message goes out: the segments
     /// of an IPv4 GSO message get `0, 1, .., n-1` (`inet_gso_segment` numbers them from the
     /// message's Identification, which is 0 for an unconnected socket with DF), everything

@@ -69,7 +69,7 @@ use roce_transport::{
 use crate::codec::{Dec, Enc, Short};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::CollError;
-use crate::pinned::SlotMem;
+use crate::pinned::{LentMut, SlotMem};
 use crate::reduce::{reduce_into, reduce_many};
 use crate::status::Status;
 
@@ -258,13 +258,6 @@ struct Peer {
     fin_rx: usize,
     /// Our FINs to this peer not completed yet.
     fin_tx: usize,
-    /// Send staging (`slots × chunk` bytes, registered when first needed): large chunks of a
-    /// buffer the phase also writes are copied here and sent from here, chunk `seq` from
-    /// slot `seq % slots`.
-    stage: Option<MemoryRegion>,
-    /// Per staging slot: the chunk last sent from it (its WRITE is signalled; the slot is
-    /// reused once that completed).
-    stage_seq: Vec<Option<u64>>,
 }
 
 impl Peer {
@@ -272,43 +265,15 @@ impl Peer {
     fn closed(&self) -> bool {
         self.fin_rx >= self.qps.len()
     }
-
-    /// Copies chunk `seq`'s `bytes` into its staging slot and returns the entry to send it
-    /// from; `None` while the slot's previous chunk is still in flight.
-    fn stage(
-        &mut self,
-        pd: &ProtectionDomain,
-        seq: u64,
-        slots: usize,
-        chunk: usize,
-        bytes: &[u8],
-    ) -> Result<Option<Sge>, String> {
-        let nqp = self.qps.len() as u64;
-        let i = (seq % slots as u64) as usize;
-        if let Some(prev) = self.stage_seq[i] {
-            if prev >= self.qp_done[(prev % nqp) as usize] {
-                return Ok(None);
-            }
-        }
-        let mr = match &mut self.stage {
-            Some(mr) => mr,
-            none @ None => none.insert(
-                pd.register_zeroed(slots * chunk, Access::empty())
-                    .map_err(|e| format!("registering {} bytes: {e}", slots * chunk))?,
-            ),
-        };
-        mr.write(i * chunk, bytes)
-            .map_err(|e| format!("copying {} bytes in: {e}", bytes.len()))?;
-        self.stage_seq[i] = Some(seq);
-        Ok(Some(mr.sge(i * chunk, bytes.len())))
-    }
 }
 
 /// One of an operation's buffers during a phase: written by it, or only read (and then
-/// possibly lent to the transport).
+/// possibly lent to the transport read-only), or written and also sent from in place
+/// (registered for the phase: [`LentMut`]).
 enum View<'a> {
     Mut(&'a mut [u8]),
     Ro(&'a [u8]),
+    Lent(LentMut<'a>),
 }
 
 impl View<'_> {
@@ -316,12 +281,7 @@ impl View<'_> {
         match self {
             View::Mut(b) => b,
             View::Ro(b) => b,
-        }
-    }
-    fn get_mut(&mut self) -> Option<&mut [u8]> {
-        match self {
-            View::Mut(b) => Some(b),
-            View::Ro(_) => None,
+            View::Lent(l) => l.bytes(),
         }
     }
 }
@@ -467,8 +427,6 @@ impl Net {
                 cts_pending: 0,
                 fin_rx: 0,
                 fin_tx: 0,
-                stage: None,
-                stage_seq: vec![None; cfg.slots],
             }));
         }
         Ok(Self {
@@ -760,11 +718,11 @@ impl Net {
         phase: &dyn Fn() -> String,
     ) -> Result<(), CollError> {
         let rank = self.rank;
-        // The buffers large chunks are sent from in place: the source, and every buffer no
-        // receive of this phase writes, lent read-only to the transport for the phase
-        // (`with_borrowed_ref`: nothing writes them meanwhile). A buffer the phase also
-        // writes is not lent (its bytes are written while WRITEs may read others): its
-        // large chunks go through the peer's send staging instead (`Peer::stage`).
+        // The buffers large chunks are sent from in place, registered for the phase: the
+        // source and every buffer no receive of this phase writes, lent read-only to the
+        // transport (`with_borrowed_ref`: nothing writes them meanwhile), and every buffer
+        // the phase also writes, registered in place (`LentMut`: the executor writes only
+        // bytes no WRITE in flight reads, checked before each write in `run_lent`).
         let zc_from = |b: usize| {
             x.sends
                 .iter()
@@ -773,17 +731,21 @@ impl Net {
         let written: Vec<bool> = (0..bufs.len())
             .map(|b| x.recvs.iter().any(|r| r.dst.buf == b))
             .collect();
-        let mut views: Vec<View<'_>> = bufs
-            .iter_mut()
-            .enumerate()
-            .map(|(b, buf)| {
-                if written[b] {
-                    View::Mut(buf)
-                } else {
-                    View::Ro(buf)
+        let mut views: Vec<View<'_>> = Vec::with_capacity(bufs.len());
+        for (b, buf) in bufs.iter_mut().enumerate() {
+            views.push(match (written[b], zc_from(b)) {
+                (true, true) => {
+                    View::Lent(
+                        LentMut::new(&self.pd, buf).map_err(|e| CollError::Transport {
+                            rank,
+                            what: format!("registering a buffer in place in {}: {e}", phase()),
+                        })?,
+                    )
                 }
-            })
-            .collect();
+                (true, false) => View::Mut(buf),
+                (false, _) => View::Ro(buf),
+            });
+        }
         let mut lend: Vec<(usize, &[u8])> = Vec::new();
         if zc_from(SRC) {
             lend.push((SRC, src));
@@ -798,8 +760,26 @@ impl Net {
         let pd = self.pd.clone();
         let lent: Vec<&[u8]> = lend.iter().map(|(_, b)| *b).collect();
         let which: Vec<usize> = lend.iter().map(|(b, _)| *b).collect();
+        // The written buffers' regions (owned by their views, registered until `views` is
+        // dropped, after the phase): the entry of their first byte.
+        let written_at: Vec<Option<Sge>> = views
+            .iter()
+            .map(|v| match v {
+                View::Lent(l) => Some(l.mr().sge(0, 0)),
+                _ => None,
+            })
+            .collect();
         let mut body = |mrs: &[&MemoryRegion]| {
-            let lookup = |b: usize| which.iter().position(|w| *w == b).map(|i| mrs[i]);
+            // The entry for `len` bytes at `off` of buffer `b`, if it is registered.
+            let lookup = |b: usize, off: usize, len: usize| match which.iter().position(|w| *w == b)
+            {
+                Some(i) => Some(mrs[i].sge(off, len)),
+                None => written_at.get(b).copied().flatten().map(|at| Sge {
+                    addr: at.addr + off as u64,
+                    length: len as u32,
+                    lkey: at.lkey,
+                }),
+            };
             self.run_lent(x, &mut views, src, &lookup, red, deadline, timeout, phase)
         };
         with_lent(&pd, &lent, &[], &mut body).map_err(|e| CollError::Transport {
@@ -808,19 +788,20 @@ impl Net {
         })?
     }
 
-    /// [`Self::run`]'s body: `lent(b)` is buffer `b`'s region when it is lent to the
-    /// transport for the phase.
+    /// [`Self::run`]'s body: `lent(b, off, len)` is the entry for `len` bytes at `off` of
+    /// buffer `b` when it is registered for the phase (every buffer large chunks are sent
+    /// from).
     #[allow(
         clippy::too_many_lines,
         clippy::needless_range_loop,
         clippy::too_many_arguments
     )]
-    fn run_lent<'m>(
+    fn run_lent(
         &mut self,
         x: &Xfer,
         bufs: &mut [View<'_>],
         src: &[u8],
-        lent: &dyn Fn(usize) -> Option<&'m MemoryRegion>,
+        lent: &dyn Fn(usize, usize, usize) -> Option<Sge>,
         red: Option<(DataType, ReduceOp)>,
         deadline: Instant,
         timeout: Duration,
@@ -885,9 +866,12 @@ impl Net {
         let mut sq: Vec<VecDeque<usize>> = vec![VecDeque::new(); npeers];
         let mut rq: Vec<VecDeque<usize>> = vec![VecDeque::new(); npeers];
         // Per peer, the chunks posted and not yet known complete: (seq, send, bytes, sent in
-        // place). Inline and staged chunks are complete when posted; they queue behind
-        // in-place ones so that `acked` stays a prefix.
+        // place). Inline chunks are complete when posted; they queue behind in-place ones so
+        // that `acked` stays a prefix.
         let mut inflight: Vec<VecDeque<(u64, usize, usize, bool)>> = vec![VecDeque::new(); npeers];
+        // In-place chunks in flight from the buffers the phase writes (`View::Lent`): (buffer,
+        // start, end, seq, peer). Nothing writes their bytes until they completed.
+        let mut reading: Vec<(usize, usize, usize, u64, usize)> = Vec::new();
         for (i, s) in x.sends.iter().enumerate() {
             sq[s.peer].push_back(i);
         }
@@ -910,6 +894,9 @@ impl Net {
                         break;
                     }
                     inflight[p].pop_front();
+                    if zc {
+                        reading.retain(|r| (r.3, r.4) != (seq, p));
+                    }
                     acked[i] += clen;
                     if acked[i] == x.sends[i].src.len {
                         send_done[i] = true;
@@ -945,28 +932,22 @@ impl Net {
                     };
                     let seq = peer.tx_seq;
                     // Whether the chunk is read from the buffer itself (its bytes may be
-                    // overwritten once the WRITE completed); staged and inline ones were
-                    // copied at the post.
-                    let mut in_place = false;
-                    let data = match (zc, lent(s.src.buf)) {
-                        // Sent in place from the lent buffer.
-                        (true, Some(mr)) => {
-                            in_place = true;
-                            SendData::Sges(vec![mr.sge(a, clen)])
+                    // overwritten once the WRITE completed); inline ones were copied at the
+                    // post.
+                    let in_place = zc;
+                    let data = if zc {
+                        // Sent in place: `run` registered every buffer a large chunk leaves
+                        // from.
+                        match lent(s.src.buf, a, clen) {
+                            Some(sge) => SendData::Sges(vec![sge]),
+                            None => return inval(format!("buffer {} not registered", s.src.buf)),
                         }
-                        // Copied into the send staging (its slot's previous WRITE done).
-                        (true, None) => match peer.stage(&self.pd, seq, slots, chunk, bytes) {
-                            Ok(Some(sge)) => SendData::Sges(vec![sge]),
-                            Ok(None) => break,
-                            Err(e) => {
-                                return Err(CollError::Transport {
-                                    rank,
-                                    what: format!("send staging in {}: {e}", phase()),
-                                })
-                            }
-                        },
-                        (false, _) => SendData::Inline(bytes.to_vec()),
+                    } else {
+                        SendData::Inline(bytes.to_vec())
                     };
+                    if zc && matches!(bufs.get(s.src.buf), Some(View::Lent(_))) {
+                        reading.push((s.src.buf, a, b, seq, p));
+                    }
                     // Signalled: the chunks sent in place (their bytes may be overwritten only
                     // once they completed). An inline chunk's completion would tell nothing
                     // (its bytes were copied at the post; the transport retires unsignalled
@@ -1044,11 +1025,36 @@ impl Net {
                     if !ready {
                         break;
                     }
-                    // A buffer a receive writes is never lent (`run`).
-                    let Some(dst) = bufs[r.dst.buf].get_mut() else {
-                        return inval("a receive into a lent buffer".into());
+                    let dst = match &mut bufs[r.dst.buf] {
+                        View::Mut(d) => &mut d[a..b],
+                        View::Lent(l) => {
+                            // The schedule orders every overwrite after the sends that read
+                            // the same bytes (`after`); checked here, as the write below
+                            // must not race a WRITE still reading them.
+                            if reading
+                                .iter()
+                                .any(|w| w.0 == r.dst.buf && w.1 < b && a < w.2)
+                            {
+                                return inval(format!(
+                                    "a receive overwrites bytes {a}..{b} of buffer {} while a \
+                                     WRITE reads them",
+                                    r.dst.buf
+                                ));
+                            }
+                            // SAFETY: no WRITE in flight reads these bytes (`reading` holds
+                            // every in-place WRITE from this buffer posted and not completed;
+                            // checked just above), and none is posted while `dst` lives (this
+                            // loop posts nothing until it is dropped).
+                            #[allow(unsafe_code)]
+                            match unsafe { l.range_mut(a, b) } {
+                                Some(d) => d,
+                                None => {
+                                    return inval(format!("receive region {a}..{b} out of range"))
+                                }
+                            }
+                        }
+                        View::Ro(_) => return inval("a receive into a read-only buffer".into()),
                     };
-                    let dst = &mut dst[a..b];
                     // The slot is full (its completion was taken) and not granted back
                     // before it has been applied: read in place.
                     let incoming = peer.rx.bytes(slot * chunk, clen);

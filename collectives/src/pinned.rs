@@ -1,16 +1,22 @@
-//! The receive slots: memory the transport writes in place (registered with
-//! [`ProtectionDomain::register_raw`], as a NIC registers `ibv_reg_mr` memory) and the
-//! collectives then read without copying it out first. The only `unsafe` of the crate is
-//! here. (An operation's own buffers are lent to the transport with the safe, scoped
-//! [`ProtectionDomain::with_borrowed_ref`] instead: see `net.rs`.)
+//! Memory the transport reaches in place while this crate accesses it too, registered with
+//! [`ProtectionDomain::register_raw`] as a NIC registers `ibv_reg_mr` memory: the receive
+//! slots ([`SlotMem`]: the transport writes them, the collectives read them without copying
+//! them out first) and an operation's buffer that a phase both writes and sends from
+//! ([`LentMut`]: the transport reads the chunks being sent while the executor writes others).
+//! The crate's `unsafe` is here, and in the executor's one call of
+//! [`LentMut::range_mut`] (`net.rs`), which checks its contract first. (Buffers a phase only reads are lent with the
+//! safe, scoped [`ProtectionDomain::with_borrowed_ref`] instead: see `net.rs`.)
 //!
 //! The transport's side of every access is a relaxed atomic; ordering with ours comes from
 //! completions, as with a NIC's DMA (`register_raw`'s contract): a slot is read only after
-//! the receive completion that says it is full and before it is granted back. That is a
-//! claim about the protocol (a peer writes a slot only with a credit for it), which no safe
-//! interface can check, so reading slots in place stays `unsafe`; a safe read would copy
-//! each chunk out first.
+//! the receive completion that says it is full and before it is granted back; a lent
+//! buffer's bytes are written only when no WRITE that reads them is in flight (posted and
+//! not completed). Those are claims about the protocol and the executor's bookkeeping, which
+//! no safe interface can check, so those accesses stay `unsafe`; the safe alternatives copy
+//! every chunk (out of a slot, or into a send staging): the staging copy alone cost about a
+//! tenth of a 16-64 MiB allreduce's bandwidth on this machine (veth, np=2).
 
+use std::marker::PhantomData;
 use std::sync::atomic::AtomicU64;
 
 use roce_transport::{Access, MemoryRegion, ProtectionDomain, VerbsError};
@@ -79,5 +85,83 @@ impl SlotMem {
         unsafe {
             std::slice::from_raw_parts(base.add(at), len)
         }
+    }
+}
+
+/// One of an operation's buffers that a phase writes and also sends large chunks from in
+/// place: registered (local read only: the transport never writes it, no peer reaches it) for
+/// the life of this value, which the phase keeps no longer than its borrow of the buffer.
+/// While it lives the buffer is accessed only through it: shared reads of any bytes, and
+/// writes of ranges no in-place WRITE is reading ([`Self::range_mut`]).
+pub(crate) struct LentMut<'a> {
+    /// Dropped first (the field order): deregistering waits for any access in progress, and
+    /// afterwards the transport never touches the buffer, before the borrow ends.
+    mr: MemoryRegion,
+    ptr: *mut u8,
+    len: usize,
+    _buf: PhantomData<&'a mut [u8]>,
+}
+
+impl std::fmt::Debug for LentMut<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LentMut")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> LentMut<'a> {
+    /// Registers `buf` in place for local reads (the source of WRITEs).
+    pub(crate) fn new(pd: &ProtectionDomain, buf: &'a mut [u8]) -> Result<Self, VerbsError> {
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+        // SAFETY: `buf` is borrowed for `'a`, which this value cannot outlive, and it is not
+        // used again meanwhile: every access goes through `ptr`, derived from it once. The
+        // region is dropped with this value (before the borrow ends, also when unwinding:
+        // it is owned here, never lent out by value), which deregisters it and waits for any
+        // access in progress; deregistration can fail only for a region with memory windows
+        // bound, which needs MW_BIND, not granted here. Without LOCAL_WRITE or any remote
+        // right, the transport only reads it, for the WRITEs this crate posts with its lkey,
+        // and this crate writes only bytes none of those is reading (`range_mut`'s
+        // contract): no data race.
+        #[allow(unsafe_code)]
+        let mr = unsafe { pd.register_raw(ptr, len, ptr as u64, Access::empty()) }?;
+        Ok(Self {
+            mr,
+            ptr,
+            len,
+            _buf: PhantomData,
+        })
+    }
+
+    /// The region (the lkey of in-place WRITEs).
+    pub(crate) fn mr(&self) -> &MemoryRegion {
+        &self.mr
+    }
+
+    /// The whole buffer, read only (the transport only reads it too).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr .. ptr + len` is the live, borrowed buffer; while the slice lives
+        // `&self` is held, so `range_mut` (which takes `&mut self`) cannot write it, and the
+        // transport never writes it (no LOCAL_WRITE).
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts(self.ptr, self.len)
+        }
+    }
+
+    /// Bytes `a .. b` for writing, or `None` if out of range.
+    ///
+    /// # Safety
+    /// No WRITE posted from this region that reads any of these bytes may be in flight
+    /// (posted and not yet completed) while the slice lives, and none may be posted then.
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn range_mut(&mut self, a: usize, b: usize) -> Option<&mut [u8]> {
+        if a > b || b > self.len {
+            return None;
+        }
+        // SAFETY: in bounds (checked); `&mut self` excludes every other slice this value
+        // hands out; the transport reads these bytes only for a WRITE in flight, which the
+        // caller rules out, and never writes them.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.add(a), b - a) })
     }
 }

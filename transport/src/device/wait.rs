@@ -117,6 +117,9 @@ pub(crate) struct WaitState {
     pub(crate) thread_received: AtomicU64,
     /// Times the engine thread went to sleep on the datapath's descriptor (tests: its spin).
     pub(crate) thread_fd_sleeps: AtomicU64,
+    /// Times the engine thread, stepping back for a polling application, found packets the
+    /// application had left behind and took the descriptor back (tests).
+    pub(crate) left_behind: AtomicU64,
     /// Whether the datapath has a readiness descriptor (asked once).
     has_fd: OnceLock<bool>,
 }

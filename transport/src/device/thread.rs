@@ -233,15 +233,18 @@ pub(super) fn run_thread(d: &DeviceShared, index: usize, mut poll: mio::Poll, ha
         // application blocked in the datapath always has it; one that left packets behind
         // lately does not step in for the engine thread.
         let held = fd_hold.is_some_and(|t| Instant::now() < t);
-        let stepping =
-            has_fd && ((app_polling(s) && !held) || d.wait.app_waiting.load(Ordering::SeqCst) > 0);
+        let blocked = d.wait.app_waiting.load(Ordering::SeqCst) > 0;
+        let stepping = has_fd && ((app_polling(s) && !held) || blocked);
+        // An application asleep in the datapath receives everything itself (it holds the
+        // descriptor): no looks then, one pass per window for the timers, as before.
+        let look = if blocked { APP_POLL_WINDOW } else { step };
         let (r, deadline) = {
             let mut e = lock(&s.engine);
             let r = e.progress(false);
             let d = e.next_deadline();
             let mut planned = d.map_or(u64::MAX, |d| d.as_nanos());
             if stepping {
-                let back = e.now().as_nanos().saturating_add(step.as_nanos() as u64);
+                let back = e.now().as_nanos().saturating_add(look.as_nanos() as u64);
                 planned = planned.min(back);
             }
             s.sleep_until.store(planned.max(1), Ordering::Release);
@@ -308,9 +311,9 @@ pub(super) fn run_thread(d: &DeviceShared, index: usize, mut poll: mio::Poll, ha
         }
         if stepping {
             // Parked, not asleep: an application about to block unparks us (`app_blocks`).
-            std::thread::park_timeout(timeout.min(step));
+            std::thread::park_timeout(timeout.min(look));
             s.sleep_until.store(0, Ordering::Release);
-            looking = d.wait.app_waiting.load(Ordering::SeqCst) == 0;
+            looking = !blocked && d.wait.app_waiting.load(Ordering::SeqCst) == 0;
             continue;
         }
         // An application thread that blocks in the datapath (`wait.rs`) takes the descriptor:

@@ -518,6 +518,25 @@ fn coll_perf_is_exact_under_loss_from_the_launcher() {
         "{}",
         context(&r)
     );
+    // No ARP to lose: every rank has a permanent neighbour entry for each other one (a lost
+    // ARP is retried after 1 s, past a collective QP's ~0.5 s retry budget; CI saw ranks 1
+    // and 2 fail their first exchange with RETRY_EXC_ERR at 3 % loss before this).
+    let r = run_bounded(
+        &[
+            "coll", "launch", "-n", "3", "--link", "veth", "--loss", "3", "--", "ip", "neigh",
+            "show", "dev", "eth0",
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.code, Some(0), "{}", context(&r));
+    for rank in 0..3 {
+        let permanent = r
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with(&format!("[rank{rank}]")) && l.contains("PERMANENT"))
+            .count();
+        assert_eq!(permanent, 2, "rank {rank}: {}", context(&r));
+    }
     // And RC retransmission makes every value right through it.
     let r = launch_perf(
         3,

@@ -931,10 +931,9 @@ impl Net {
                         &bufs[s.src.buf].get()[a..b]
                     };
                     let seq = peer.tx_seq;
-                    // Whether the chunk is read from the buffer itself (its bytes may be
+                    // A large chunk is read from the buffer itself (its bytes may be
                     // overwritten once the WRITE completed); inline ones were copied at the
                     // post.
-                    let in_place = zc;
                     let data = if zc {
                         // Sent in place: `run` registered every buffer a large chunk leaves
                         // from.
@@ -979,7 +978,7 @@ impl Net {
                     peer.tx_seq += 1;
                     peer.cts_pending -= credits;
                     sent[i] += clen;
-                    inflight[p].push_back((seq, i, clen, in_place));
+                    inflight[p].push_back((seq, i, clen, zc));
                     progressed = true;
                     if sent[i] == s.src.len {
                         sq[p].pop_front();

@@ -340,6 +340,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::datapath::sim::SimNetwork;
+    use crate::verbs::testing::rc_pair;
     use crate::{
         Access, ConnectOptions, Device, DeviceConfig, Progress, Psn, QpInit, QpType, RecvWr,
         RemoteQp, SendOp, SendWr,
@@ -411,31 +412,13 @@ mod tests {
     fn writes_reach_an_application_that_polls_now_and_then_without_waiting_out_the_window() {
         const N: u32 = 40;
         let net = SimNetwork::perfect();
-        let open = |host: u8| {
-            Device::open(
-                DeviceConfig::sim(&net, format!("10.32.3.{host}").parse().unwrap())
-                    .progress(Progress::Thread),
-            )
-            .unwrap()
-        };
-        let (a, b) = (open(1), open(2));
-        let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-        let (ca, cb) = (a.create_cq(1024).unwrap(), b.create_cq(1024).unwrap());
-        let qa = pa.create_qp(&QpInit::new(QpType::Rc, &ca)).unwrap();
-        let qb = pb.create_qp(&QpInit::new(QpType::Rc, &cb)).unwrap();
-        let ma = pa.register(vec![0u8; 8], Access::LOCAL_WRITE).unwrap();
-        let mb = pb
-            .register(vec![0u8; 8], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-            .unwrap();
-        let o = ConnectOptions::default();
-        let remote = |d: &Device, q: &crate::QueuePair| RemoteQp {
-            qpn: q.qpn(),
-            psn: Psn::new(0),
-            gid: d.local_gid(),
-        };
-        qa.connect(&remote(&b, &qb), &o).unwrap();
-        qb.connect(&remote(&a, &qa), &o).unwrap();
-        let w = &b.shared().wait;
+        let (a, b) = rc_pair(&net, 3);
+        let ma = a.pd.register(vec![0u8; 8], Access::LOCAL_WRITE).unwrap();
+        let mb =
+            b.pd.register(vec![0u8; 8], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                .unwrap();
+        let (qa, ca, cb) = (&a.qp, &a.cq, &b.cq);
+        let w = &b.dev.shared().wait;
         let (left0, sleeps0) = (
             w.left_behind.load(Ordering::Relaxed),
             w.thread_fd_sleeps.load(Ordering::Relaxed),

@@ -10,6 +10,8 @@
 mod cq;
 mod mr;
 mod pd;
+#[cfg(test)]
+pub(crate) use pd::testing;
 mod qp;
 mod srq;
 

@@ -48,9 +48,10 @@ impl Device {
     }
 }
 
-/// Two connected RC QPs on a perfect simulated network, for the object modules' tests.
+/// Two connected RC QPs on a perfect simulated network, for the object modules' and the
+/// device's tests.
 #[cfg(test)]
-pub(super) mod testing {
+pub(crate) mod testing {
     use crate::{
         CompletionQueue, ConnectOptions, Device, DeviceConfig, ProtectionDomain, QpInit, QpType,
         QueuePair, RemoteQp, SimNetwork,

@@ -407,10 +407,20 @@ fn run_mpi(paths: &DropinPaths, pair: &NetnsPair, tls: &str, out: &Path) -> Resu
         .filter(|l| l.starts_with("rank ") && l.ends_with(": ok"))
         .count();
     if !o.success() || ok_ranks != 2 {
+        // All of what mpirun printed that says something (Open MPI's banners are rows of
+        // dashes): which rank or daemon died of which signal, and the backtrace Open MPI's and
+        // UCX's signal handlers print, are the only evidence a crash on another machine leaves.
+        let all = o.combined();
+        let said: Vec<&str> = all
+            .lines()
+            .map(str::trim_end)
+            .filter(|l| !l.trim().is_empty() && !l.chars().all(|c| c == '-'))
+            .collect();
+        let said = &said[said.len().saturating_sub(80)..];
         return Err(format!(
-            "mpirun {} ({ok_ranks} ranks ok): {}",
+            "mpirun {} ({ok_ranks} ranks ok):\n{}",
             o.status_text(),
-            last_line(&o.combined())
+            said.join("\n")
         ));
     }
     Ok(o.stdout

@@ -86,6 +86,15 @@ const WR_DATA: u64 = 1 << 63;
 /// WRITE with a scatter/gather entry into the buffer, registered for the phase), smaller ones
 /// inline (copied into the work request: no registration, no wait for their completion).
 const ZERO_COPY_MIN: usize = 16 << 10;
+/// A chunk longer than this many packets goes as a plain RDMA WRITE followed by a
+/// zero-length WRITE WITH IMMEDIATE carrying its immediate, posted together. A multi-packet
+/// WRITE's first packet is 16 bytes longer than its middle ones (the RETH), and a last packet
+/// with an immediate 4 bytes longer, while one UDP GSO message takes datagrams of one size
+/// and a shorter last one: so WRITE WITH IMMEDIATE of n ≥ 4 packets leaves as three GSO
+/// messages (first two | middles | last), each a pass through the kernel's UDP send path
+/// and, over a veth, the peer's receive path; the split pair as two (first two | middles,
+/// plain last, the 36-byte immediate).
+const SPLIT_AFTER_PACKETS: usize = 3;
 /// wr_id flag of the closing notices; the low bits carry the peer.
 const WR_FIN: u64 = 1 << 62;
 
@@ -258,6 +267,8 @@ struct Peer {
     fin_rx: usize,
     /// Our FINs to this peer not completed yet.
     fin_tx: usize,
+    /// The path MTU of the QPs to this peer, bytes (set when they connect).
+    pmtu: usize,
 }
 
 impl Peer {
@@ -427,6 +438,7 @@ impl Net {
                 cts_pending: 0,
                 fin_rx: 0,
                 fin_tx: 0,
+                pmtu: 4096,
             }));
         }
         Ok(Self {
@@ -506,6 +518,9 @@ impl Net {
         }
         peer.remote_addr = info.slots_addr;
         peer.remote_rkey = RKey::new(info.slots_rkey);
+        if let Some(qp) = peer.qps.first() {
+            peer.pmtu = qp.attr().path_mtu.bytes();
+        }
         Ok(())
     }
 
@@ -956,25 +971,56 @@ impl Net {
                     let qp = &peer.qps[(seq % nqp as u64) as usize];
                     // The credits this rank owes the peer go with the chunk.
                     let credits = peer.cts_pending.min(MAX_PIGGYBACK);
-                    let wr = SendWr {
+                    let remote_addr = peer.remote_addr + (slot * chunk) as u64;
+                    let imm_data = imm(KIND_DATA, credits, clen)
+                        | if off + clen == s.src.len { LAST } else { 0 };
+                    let data_wr = |data, op| SendWr {
                         data,
                         signaled: last,
-                        ..SendWr::new(
-                            WR_DATA | seq,
-                            SendOp::RdmaWriteWithImm {
-                                remote_addr: peer.remote_addr + (slot * chunk) as u64,
-                                rkey: peer.remote_rkey,
-                                imm: imm(KIND_DATA, credits, clen)
-                                    | if off + clen == s.src.len { LAST } else { 0 },
-                            },
-                            Vec::new(),
-                        )
+                        ..SendWr::new(WR_DATA | seq, op, Vec::new())
                     };
-                    qp.post_send_coalesced(wr)
-                        .map_err(|e| CollError::Transport {
-                            rank,
-                            what: format!("posting a WRITE to rank {p} in {}: {e:?}", phase()),
-                        })?;
+                    let posted = if clen > SPLIT_AFTER_PACKETS * peer.pmtu {
+                        // The data as a plain WRITE, then its immediate as a zero-length
+                        // WRITE WITH IMMEDIATE (RC places the first before the second
+                        // completes): see `SPLIT_AFTER_PACKETS`.
+                        let plain = SendWr {
+                            data,
+                            signaled: false,
+                            ..SendWr::new(
+                                0,
+                                SendOp::RdmaWrite {
+                                    remote_addr,
+                                    rkey: peer.remote_rkey,
+                                },
+                                Vec::new(),
+                            )
+                        };
+                        let tail = data_wr(
+                            SendData::Inline(Vec::new()),
+                            SendOp::RdmaWriteWithImm {
+                                remote_addr,
+                                rkey: peer.remote_rkey,
+                                imm: imm_data,
+                            },
+                        );
+                        // (A refusal fails the operation, whichever of the two it hit.)
+                        qp.post_send_batch_coalesced([plain, tail])
+                            .map(|_| ())
+                            .map_err(|(_, e)| e)
+                    } else {
+                        qp.post_send_coalesced(data_wr(
+                            data,
+                            SendOp::RdmaWriteWithImm {
+                                remote_addr,
+                                rkey: peer.remote_rkey,
+                                imm: imm_data,
+                            },
+                        ))
+                    };
+                    posted.map_err(|e| CollError::Transport {
+                        rank,
+                        what: format!("posting a WRITE to rank {p} in {}: {e:?}", phase()),
+                    })?;
                     peer.tx_seq += 1;
                     peer.cts_pending -= credits;
                     sent[i] += clen;

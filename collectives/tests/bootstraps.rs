@@ -138,3 +138,47 @@ fn several_qps_per_peer_stripe_the_chunks() {
         }
     }
 }
+
+/// Chunks of more than three packets (PMTU 4096 on these loopback devices) go as a plain
+/// WRITE plus a zero-length WRITE WITH IMMEDIATE (`net::SPLIT_AFTER_PACKETS`); the receiver
+/// must still see each chunk whole, with its length and end-of-message flag from the
+/// immediate, whether in place or out of place, on one or two QPs (so the pair can follow
+/// other chunks on the other QP), at chunk sizes on both sides of the boundary.
+#[test]
+fn chunks_either_side_of_the_split_arrive_whole() {
+    for (chunk, qps) in [
+        (3 * 4096, 1),
+        (3 * 4096 + 8, 1),
+        (4 * 4096, 2),
+        (17 * 4096 + 8, 2),
+    ] {
+        let mut o = common::opts(common::block());
+        o.chunk_bytes = chunk;
+        o.qps_per_peer = qps;
+        o.slots = 4;
+        let out = common::run(2, o, move |c| -> Result<(), CollError> {
+            let n = c.size() as i64;
+            let r = c.rank() as i64;
+            // Element counts giving a final chunk shorter, equal to and longer than 3 packets.
+            for count in [1usize, 1535, 1536, 1537, 5 * chunk / 8 + 3] {
+                let send: Vec<i64> = (0..count as i64).map(|i| i * 3 + r).collect();
+                let mut out = vec![0i64; count];
+                c.allreduce(&send, &mut out, ReduceOp::Sum)?;
+                let mut inplace = send.clone();
+                c.allreduce_in_place(&mut inplace, ReduceOp::Sum)?;
+                for (i, (a, b)) in out.iter().zip(&inplace).enumerate() {
+                    let want = n * 3 * i as i64 + n * (n - 1) / 2;
+                    assert_eq!(
+                        (*a, *b),
+                        (want, want),
+                        "chunk {chunk} count {count} elt {i}"
+                    );
+                }
+            }
+            c.barrier()
+        });
+        for r in out {
+            r.unwrap().unwrap();
+        }
+    }
+}

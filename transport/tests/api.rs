@@ -7,7 +7,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use roce_transport::{
     Access, Completion, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion,
-    ProtectionDomain, Psn, QpInit, QpType, QueuePair, RecvWr, RemoteQp, SendOp, SendWr,
+    ProtectionDomain, Psn, QpInit, QpType, QueuePair, RecvWr, RemoteQp, SendData, SendOp, SendWr,
     SharedReceiveQueue, SimNetwork, WcOpcode, WcStatus,
 };
 
@@ -212,4 +212,81 @@ fn queries_describe_the_device() {
     );
     assert_eq!(p.qa.state(), roce_transport::QpState::Rts);
     assert_eq!(p.qa.attr().dest_qpn, p.qb.qpn());
+}
+
+/// `post_send_batch_coalesced`: the WRs go in post order with one doorbell, a plain WRITE
+/// lands before the zero-length WRITE WITH IMMEDIATE behind it completes (RC order), only the
+/// signalled WR completes on the send side, and a refused WR stops the batch with the count
+/// of those posted, which still run.
+#[test]
+fn a_coalesced_batch_places_a_write_before_the_immediate_behind_it() {
+    let net = SimNetwork::perfect();
+    let p = rc_pair(&net, 9);
+    let len = 3 * 4096 + 100;
+    let dst =
+        p.pb.register(vec![0u8; len], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+    let src = p.pa.register(data.clone(), Access::LOCAL_WRITE).unwrap();
+    for round in 0..3u32 {
+        p.qb.post_recv(RecvWr {
+            wr_id: 0,
+            sges: vec![],
+        })
+        .unwrap();
+        let write = SendWr {
+            signaled: false,
+            ..SendWr::new(
+                100,
+                SendOp::RdmaWrite {
+                    remote_addr: dst.addr(),
+                    rkey: dst.rkey(),
+                },
+                vec![src.sge(0, len)],
+            )
+        };
+        let imm = SendWr {
+            data: SendData::Inline(Vec::new()),
+            ..SendWr::new(
+                200 + u64::from(round),
+                SendOp::RdmaWriteWithImm {
+                    remote_addr: dst.addr(),
+                    rkey: dst.rkey(),
+                    imm: 0xabc0 + round,
+                },
+                Vec::new(),
+            )
+        };
+        let posted = if round < 2 {
+            p.qa.post_send_batch_coalesced([write, imm]).unwrap()
+        } else {
+            // A third WR with more scatter/gather entries than the QP takes is refused: the
+            // two before it are posted and run.
+            let bad = SendWr::new(300, SendOp::Send, (0..64).map(|_| src.sge(0, 1)).collect());
+            let (n, e) =
+                p.qa.post_send_batch_coalesced([write, imm, bad])
+                    .unwrap_err();
+            assert_eq!(e.to_string(), "invalid scatter/gather list or inline data");
+            n
+        };
+        assert_eq!(posted, 2);
+        let mut wc = [Completion::EMPTY; 4];
+        assert_eq!(p.cb.wait(&mut wc, Duration::from_secs(5)), 1);
+        assert_eq!(wc[0].status, WcStatus::Success);
+        assert_eq!(wc[0].opcode, WcOpcode::RecvRdmaWithImm);
+        assert_eq!(wc[0].imm_data, Some(0xabc0 + round));
+        assert_eq!(wc[0].byte_len, 0);
+        assert_eq!(dst.to_vec(), data, "round {round}: the WRITE landed first");
+        assert_eq!(p.ca.wait(&mut wc, Duration::from_secs(5)), 1);
+        assert_eq!(
+            (wc[0].wr_id, wc[0].status),
+            (200 + u64::from(round), WcStatus::Success)
+        );
+        assert_eq!(
+            p.ca.wait(&mut wc, Duration::from_millis(50)),
+            0,
+            "unsignalled WRITE"
+        );
+        dst.write(0, &vec![0u8; len]).unwrap();
+    }
 }

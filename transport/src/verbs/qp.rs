@@ -534,6 +534,40 @@ impl QueuePair {
         }
     }
 
+    /// Posts several send WRs like [`Self::post_send_batch`], leaving the sending to the
+    /// engine as [`Self::post_send_coalesced`] does when the QP already had
+    /// [`Self::COALESCE_AFTER`] requests outstanding; otherwise one doorbell sends them all
+    /// (their packets leave together: one batch, back to back).
+    ///
+    /// # Errors
+    /// `(posted, error)` for the first WR refused.
+    pub fn post_send_batch_coalesced(
+        &self,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> Result<usize, (usize, PostError)> {
+        let mut e = self.dev().lock_engine_of(self.qpn.value());
+        let now = e.now();
+        let slot = slot_of(&mut e, self.qpn);
+        let outstanding =
+            slot.qp.qp_type() == QpType::Rc && slot.qp.send_queue_len() >= Self::COALESCE_AFTER;
+        let mut n = 0;
+        let mut err = None;
+        for wr in wrs {
+            if let Err(x) = slot.qp.post_send(now, wr) {
+                err = Some(x);
+                break;
+            }
+            n += 1;
+        }
+        if !(outstanding && self.dev().shared().progress == crate::Progress::Thread) {
+            self.dev().doorbell(e, self.qpn.value());
+        }
+        match err {
+            Some(x) => Err((n, x)),
+            None => Ok(n),
+        }
+    }
+
     /// Posts a receive WR (`ibv_post_recv`).
     ///
     /// # Errors

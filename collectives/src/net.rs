@@ -13,7 +13,9 @@
 //! chunk that occupied that slot. So no chunk is ever written into a slot its receiver has
 //! not released. The data goes as one RDMA WRITE WITH IMMEDIATE into the slot whose
 //! immediate carries `{DATA, slot, length}`; its receive completion tells the receiver the
-//! slot is full.
+//! slot is full. A chunk of more than [`SPLIT_AFTER_PACKETS`] packets goes as a plain WRITE
+//! followed by a zero-length WRITE WITH IMMEDIATE, posted together (fewer UDP GSO messages;
+//! the receiver, which takes the length from the immediate, sees no difference).
 //!
 //! Credits also ride on data: every chunk's immediate carries the slots its sender has
 //! consumed from the receiver since it last granted any (up to 63), so traffic in both

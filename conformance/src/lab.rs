@@ -939,8 +939,49 @@ impl Lab {
         )?)
     }
 
-    /// Starts tcpdump on the lab bridge (ARP, UDP 4791, TCP 18515, whole frames) writing
-    /// `path`; returns once it listens.
+    /// Whether the lab was booted with IPv6 (`ROCE_LAB_IPV6=1` in its environment).
+    pub fn ipv6(&self) -> bool {
+        self.cfg
+            .extra_env
+            .iter()
+            .any(|(k, v)| k == "ROCE_LAB_IPV6" && v == "1")
+            || (std::env::var("ROCE_LAB_IPV6").as_deref() == Ok("1")
+                && !self.cfg.extra_env.iter().any(|(k, _)| k == "ROCE_LAB_IPV6"))
+    }
+
+    /// IPv6 only: the guest pings the bridge's IPv6 address (busybox `ping -6`), so that
+    /// the guest's kernel has resolved our MAC before the first case. rdma_rxe resolves the
+    /// peer's MAC when a QP moves to RTR and gives up after 1 s (`rdma_resolve_ip`); the
+    /// first IPv6 case after a boot once failed there ("Failed to modify QP to RTR", the
+    /// clean-clone CI at 9954024), and its capture, which took no ICMPv6, could not say why.
+    ///
+    /// # Errors
+    /// The ping got no answer: IPv6 between the guest and the namespace does not work.
+    pub fn resolve_ipv6_neighbours(&self) -> Result<(), LabError> {
+        let host6 = self
+            .vars()
+            .into_iter()
+            .find(|(k, _)| *k == "HOST_IP6")
+            .map(|(_, v)| v)
+            .unwrap_or_default();
+        let out = self.guest_run(
+            &format!("ping6 -c 2 -w 10 {host6} || ping -6 -c 2 -w 10 {host6}"),
+            Duration::from_secs(30),
+        )?;
+        if out.success() {
+            Ok(())
+        } else {
+            Err(LabError::Failed {
+                what: format!("ping -6 {host6} from the guest"),
+                status: out.status_text(),
+                output: out.combined(),
+            })
+        }
+    }
+
+    /// Starts tcpdump on the lab bridge (ARP, UDP 4791, TCP 18515, and with IPv6 the
+    /// neighbour solicitations and advertisements; whole frames) writing `path`; returns
+    /// once it listens.
     ///
     /// # Errors
     /// tcpdump did not start within 10 s.
@@ -966,7 +1007,16 @@ impl Lab {
         ])
         .arg("-w")
         .arg(path)
-        .arg(format!("arp or udp port 4791 or tcp port {OOB_PORT}"));
+        .arg(if self.ipv6() {
+            // ICMPv6 types 135/136 (the IPv6 header is 40 bytes: no extension headers on
+            // ND), as shared/lab/rxe/lib.sh captures them.
+            format!(
+                "arp or udp port 4791 or tcp port {OOB_PORT} or \
+                 (icmp6 and (ip6[40] == 135 or ip6[40] == 136))"
+            )
+        } else {
+            format!("arp or udp port 4791 or tcp port {OOB_PORT}")
+        });
         let mut proc = Proc::spawn(cmd, "tcpdump", &self.logs())?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {

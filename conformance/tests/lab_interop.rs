@@ -508,6 +508,10 @@ fn run_pass(
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
     );
     let mut lab = Lab::up(cfg).unwrap_or_else(|e| panic!("booting the lab ({title}): {e}"));
+    if lab.ipv6() {
+        lab.resolve_ipv6_neighbours()
+            .unwrap_or_else(|e| panic!("IPv6 in the lab ({title}): {e}"));
+    }
     if let Some(mode) = daemon {
         lab.start_daemon(mode)
             .unwrap_or_else(|e| panic!("starting the rocectl daemon ({title}): {e}"));

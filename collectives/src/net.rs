@@ -13,9 +13,10 @@
 //! chunk that occupied that slot. So no chunk is ever written into a slot its receiver has
 //! not released. The data goes as one RDMA WRITE WITH IMMEDIATE into the slot whose
 //! immediate carries `{DATA, slot, length}`; its receive completion tells the receiver the
-//! slot is full. A chunk of more than [`SPLIT_AFTER_PACKETS`] packets goes as a plain WRITE
-//! followed by a zero-length WRITE WITH IMMEDIATE, posted together (fewer UDP GSO messages;
-//! the receiver, which takes the length from the immediate, sees no difference).
+//! slot is full. A chunk of more than [`SPLIT_AFTER_PACKETS`] packets whose last packet is full
+//! goes as a plain WRITE followed by a zero-length WRITE WITH IMMEDIATE, posted together
+//! (fewer UDP GSO messages, [`split_pays`]; the receiver, which takes the length from the
+//! immediate, sees no difference).
 //!
 //! Credits also ride on data: every chunk's immediate carries the slots its sender has
 //! consumed from the receiver since it last granted any (up to 63), so traffic in both
@@ -88,15 +89,32 @@ const WR_DATA: u64 = 1 << 63;
 /// WRITE with a scatter/gather entry into the buffer, registered for the phase), smaller ones
 /// inline (copied into the work request: no registration, no wait for their completion).
 const ZERO_COPY_MIN: usize = 16 << 10;
-/// A chunk longer than this many packets goes as a plain RDMA WRITE followed by a
-/// zero-length WRITE WITH IMMEDIATE carrying its immediate, posted together. A multi-packet
-/// WRITE's first packet is 16 bytes longer than its middle ones (the RETH), and a last packet
-/// with an immediate 4 bytes longer, while one UDP GSO message takes datagrams of one size
-/// and a shorter last one: so WRITE WITH IMMEDIATE of n ≥ 4 packets leaves as three GSO
-/// messages (first two | middles | last), each a pass through the kernel's UDP send path
-/// and, over a veth, the peer's receive path; the split pair as two (first two | middles,
-/// plain last, the 36-byte immediate).
+/// A chunk of more than this many packets whose last packet is full may go as a plain RDMA
+/// WRITE followed by a zero-length WRITE WITH IMMEDIATE carrying its immediate, posted
+/// together ([`split_pays`]).
 const SPLIT_AFTER_PACKETS: usize = 3;
+
+/// Whether a chunk of `len` bytes leaves in fewer UDP GSO messages as a plain WRITE plus a
+/// zero-length WRITE WITH IMMEDIATE than as one WRITE WITH IMMEDIATE, at path MTU `pmtu`.
+///
+/// One GSO message takes datagrams of one size and a shorter last one. A multi-packet
+/// WRITE's first packet is 16 bytes longer than its middle ones (the RETH), so it leaves
+/// with at most one middle packet behind it; the middles then go together (up to 64), and
+/// a last packet with an immediate joins them only if it is no longer than they are: its
+/// payload, padded to 4 bytes, plus the 4-byte immediate within `pmtu`. So WRITE WITH
+/// IMMEDIATE of n ≥ 4 packets whose last payload pads to more than `pmtu − 4` leaves as
+/// first two | middles | last; split, the plain last packet is as long as a middle one and
+/// the 36-byte immediate ends their message: first two | middles, last, immediate. (With a
+/// shorter last packet the single WRITE is already two messages and a split would make it
+/// three.) Each message is a pass through the kernel's UDP send path and, over a veth, the
+/// peer's whole receive path.
+fn split_pays(len: usize, pmtu: usize) -> bool {
+    if pmtu == 0 || len <= SPLIT_AFTER_PACKETS * pmtu {
+        return false;
+    }
+    let last = len - (len.div_ceil(pmtu) - 1) * pmtu;
+    last + 4 > pmtu
+}
 /// wr_id flag of the closing notices; the low bits carry the peer.
 const WR_FIN: u64 = 1 << 62;
 
@@ -981,10 +999,10 @@ impl Net {
                         signaled: last,
                         ..SendWr::new(WR_DATA | seq, op, Vec::new())
                     };
-                    let posted = if clen > SPLIT_AFTER_PACKETS * peer.pmtu {
+                    let posted = if split_pays(clen, peer.pmtu) {
                         // The data as a plain WRITE, then its immediate as a zero-length
                         // WRITE WITH IMMEDIATE (RC places the first before the second
-                        // completes): see `SPLIT_AFTER_PACKETS`.
+                        // completes): see `split_pays`.
                         let plain = SendWr {
                             data,
                             signaled: false,
@@ -1230,6 +1248,75 @@ impl Net {
                     reason: why,
                 });
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_pays;
+
+    /// UDP payload sizes (BTH 12, RETH 16, ImmDt 4, payload padded to 4, ICRC 4) of one
+    /// RDMA WRITE of `len` bytes, with an immediate or not.
+    fn write_packets(len: usize, pmtu: usize, imm: bool) -> Vec<usize> {
+        let pad = |x: usize| x.div_ceil(4) * 4;
+        let n = len.div_ceil(pmtu).max(1);
+        let last = len - (n - 1) * pmtu;
+        let tail = if imm { 4 } else { 0 };
+        if n == 1 {
+            return vec![12 + 16 + tail + pad(len) + 4];
+        }
+        let mut v = vec![12 + 16 + pmtu + 4];
+        v.extend(std::iter::repeat_n(12 + pmtu + 4, n - 2));
+        v.push(12 + tail + pad(last) + 4);
+        v
+    }
+
+    /// How many UDP GSO messages the udp datapath makes of back-to-back datagrams of one
+    /// destination (its `prepare_tx`): a run of one size, at most 64 datagrams and 65 507
+    /// bytes, may end with one shorter datagram.
+    fn gso_messages(sizes: &[usize]) -> usize {
+        let (mut i, mut m) = (0, 0);
+        while i < sizes.len() {
+            let seg = sizes[i];
+            let (mut run, mut total) = (1, seg);
+            while i + run < sizes.len() && run < 64 {
+                let len = sizes[i + run];
+                if len > seg || total + len > 65_507 {
+                    break;
+                }
+                total += len;
+                run += 1;
+                if len < seg {
+                    break;
+                }
+            }
+            i += run;
+            m += 1;
+        }
+        m
+    }
+
+    #[test]
+    fn a_split_never_costs_a_gso_message_and_is_taken_where_it_saves_one() {
+        for pmtu in [256, 1024, 4096] {
+            let mut saved = 0;
+            for len in (1..=140 * pmtu).filter(|l| l % 4 == 0 || l % pmtu > pmtu - 8) {
+                let whole = gso_messages(&write_packets(len, pmtu, true));
+                let mut split = write_packets(len, pmtu, false);
+                split.push(12 + 16 + 4 + 4);
+                let split = gso_messages(&split);
+                if split_pays(len, pmtu) {
+                    assert!(split <= whole, "pmtu {pmtu} len {len}: {split} > {whole}");
+                    saved += usize::from(split < whole);
+                } else {
+                    assert!(whole <= split, "pmtu {pmtu} len {len}: {whole} > {split}");
+                }
+            }
+            // Whole packets only (every chunk of a power-of-two size): 4 packets and up.
+            assert!(split_pays(4 * pmtu, pmtu) && split_pays(128 * pmtu, pmtu));
+            assert!(!split_pays(3 * pmtu, pmtu) && !split_pays(4 * pmtu - 8, pmtu));
+            assert!(saved > 0, "pmtu {pmtu}: the split never saved a message");
         }
     }
 }

@@ -139,18 +139,20 @@ fn several_qps_per_peer_stripe_the_chunks() {
     }
 }
 
-/// Chunks of more than three packets (PMTU 4096 on these loopback devices) go as a plain
-/// WRITE plus a zero-length WRITE WITH IMMEDIATE (`net::SPLIT_AFTER_PACKETS`); the receiver
-/// must still see each chunk whole, with its length and end-of-message flag from the
-/// immediate, whether in place or out of place, on one or two QPs (so the pair can follow
-/// other chunks on the other QP), at chunk sizes on both sides of the boundary.
+/// Chunks of more than three packets whose last packet is full (PMTU 4096 on these loopback
+/// devices) go as a plain WRITE plus a zero-length WRITE WITH IMMEDIATE (`net::split_pays`);
+/// the receiver must still see each chunk whole, with its length and end-of-message flag
+/// from the immediate, whether in place or out of place, on one or two QPs (so the pair can
+/// follow other chunks on the other QP), at chunk sizes on both sides of the rule, and for
+/// byte-sized elements whose last packet pads up to a full one.
 #[test]
 fn chunks_either_side_of_the_split_arrive_whole() {
     for (chunk, qps) in [
         (3 * 4096, 1),
         (3 * 4096 + 8, 1),
         (4 * 4096, 2),
-        (17 * 4096 + 8, 2),
+        (17 * 4096, 2),
+        (17 * 4096 + 8, 1),
     ] {
         let mut o = common::opts(common::block());
         o.chunk_bytes = chunk;
@@ -172,6 +174,20 @@ fn chunks_either_side_of_the_split_arrive_whole() {
                         (*a, *b),
                         (want, want),
                         "chunk {chunk} count {count} elt {i}"
+                    );
+                }
+            }
+            // Bytes: a last packet of 4093-4095 bytes pads to a full one (a split), of 4091
+            // it does not.
+            for count in [4 * 4096 - 3, 4 * 4096 - 1, 4 * 4096 - 5, 4 * 4096] {
+                let send: Vec<u8> = (0..count).map(|i| (i % 200) as u8 + r as u8).collect();
+                let mut out = vec![0u8; count];
+                c.allreduce(&send, &mut out, ReduceOp::Max)?;
+                for (i, x) in out.iter().enumerate() {
+                    assert_eq!(
+                        *x,
+                        (i % 200) as u8 + (n - 1) as u8,
+                        "u8 count {count} elt {i}"
                     );
                 }
             }

@@ -709,12 +709,7 @@ impl Lab {
             dir.display()
         )))?;
         let socket = cfg.socket;
-        let rocectl = self
-            .vars()
-            .into_iter()
-            .find(|(k, _)| *k == "ROCECTL")
-            .map(|(_, v)| v)
-            .unwrap_or_default();
+        let rocectl = self.var("ROCECTL");
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.cfg.netns, "env", "RUST_LOG=info"])
             .arg(&rocectl)
@@ -812,6 +807,15 @@ impl Lab {
                 path_str(&crate::stock::DropinPaths::from_env().verbs_lib_dir),
             ),
         ]
+    }
+
+    /// The value of placeholder `key` of [`Self::vars`] (empty if there is none).
+    fn var(&self, key: &str) -> String {
+        self.vars()
+            .into_iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v)
+            .unwrap_or_default()
     }
 
     /// Starts `cmd` in the guest (`host-peer.sh guest-start`).
@@ -958,12 +962,7 @@ impl Lab {
     /// # Errors
     /// The ping got no answer: IPv6 between the guest and the namespace does not work.
     pub fn resolve_ipv6_neighbours(&self) -> Result<(), LabError> {
-        let host6 = self
-            .vars()
-            .into_iter()
-            .find(|(k, _)| *k == "HOST_IP6")
-            .map(|(_, v)| v)
-            .unwrap_or_default();
+        let host6 = self.var("HOST_IP6");
         let out = self.guest_run(
             &format!("ping6 -c 2 -w 10 {host6} || ping -6 -c 2 -w 10 {host6}"),
             Duration::from_secs(30),

@@ -496,10 +496,9 @@ impl QueuePair {
         let mut e = self.dev().lock_engine_of(self.qpn.value());
         let now = e.now();
         let slot = slot_of(&mut e, self.qpn);
-        let outstanding =
-            slot.qp.qp_type() == QpType::Rc && slot.qp.send_queue_len() >= Self::COALESCE_AFTER;
+        let leave_to_engine = self.leaves_sending_to_engine(&slot.qp);
         slot.qp.post_send(now, wr)?;
-        if outstanding && self.dev().shared().progress == crate::Progress::Thread {
+        if leave_to_engine {
             return Ok(());
         }
         self.dev().doorbell(e, self.qpn.value());
@@ -515,23 +514,7 @@ impl QueuePair {
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<usize, (usize, PostError)> {
-        let mut e = self.dev().lock_engine_of(self.qpn.value());
-        let now = e.now();
-        let slot = slot_of(&mut e, self.qpn);
-        let mut n = 0;
-        let mut err = None;
-        for wr in wrs {
-            if let Err(x) = slot.qp.post_send(now, wr) {
-                err = Some(x);
-                break;
-            }
-            n += 1;
-        }
-        self.dev().doorbell(e, self.qpn.value());
-        match err {
-            Some(x) => Err((n, x)),
-            None => Ok(n),
-        }
+        self.post_batch(wrs, false)
     }
 
     /// Posts several send WRs like [`Self::post_send_batch`], leaving the sending to the
@@ -545,11 +528,19 @@ impl QueuePair {
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<usize, (usize, PostError)> {
+        self.post_batch(wrs, true)
+    }
+
+    /// [`Self::post_send_batch`], and with `coalesce` [`Self::post_send_batch_coalesced`].
+    fn post_batch(
+        &self,
+        wrs: impl IntoIterator<Item = SendWr>,
+        coalesce: bool,
+    ) -> Result<usize, (usize, PostError)> {
         let mut e = self.dev().lock_engine_of(self.qpn.value());
         let now = e.now();
         let slot = slot_of(&mut e, self.qpn);
-        let outstanding =
-            slot.qp.qp_type() == QpType::Rc && slot.qp.send_queue_len() >= Self::COALESCE_AFTER;
+        let leave_to_engine = coalesce && self.leaves_sending_to_engine(&slot.qp);
         let mut n = 0;
         let mut err = None;
         for wr in wrs {
@@ -559,13 +550,21 @@ impl QueuePair {
             }
             n += 1;
         }
-        if !(outstanding && self.dev().shared().progress == crate::Progress::Thread) {
+        if !leave_to_engine {
             self.dev().doorbell(e, self.qpn.value());
         }
         match err {
             Some(x) => Err((n, x)),
             None => Ok(n),
         }
+    }
+
+    /// Whether a coalesced post to `qp` leaves the sending to the engine thread: an RC QP
+    /// with [`Self::COALESCE_AFTER`] requests outstanding, on a device with an engine thread.
+    fn leaves_sending_to_engine(&self, qp: &roce_qp::QueuePair) -> bool {
+        qp.qp_type() == QpType::Rc
+            && qp.send_queue_len() >= Self::COALESCE_AFTER
+            && self.dev().shared().progress == crate::Progress::Thread
     }
 
     /// Posts a receive WR (`ibv_post_recv`).

@@ -85,6 +85,11 @@ pub enum AccessError {
         /// Length presented.
         len: u64,
     },
+    /// The region's memory faulted: the application unmapped it while it was still
+    /// registered (a NIC would have reached the pinned pages; we reach memory through its
+    /// address). The access stopped at the fault; bytes before it may have been copied.
+    #[error("region memory is no longer mapped")]
+    Unmapped,
 }
 
 impl AccessError {
@@ -101,7 +106,8 @@ impl AccessError {
             | Self::QpMismatch { .. }
             | Self::WindowAsLocalKey { .. }
             | Self::AccessDenied { .. }
-            | Self::OutOfBounds { .. } => NakCode::RemoteAccessError,
+            | Self::OutOfBounds { .. }
+            | Self::Unmapped => NakCode::RemoteAccessError,
         }
     }
 }

@@ -57,6 +57,8 @@
 
 mod access;
 mod error;
+#[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
+mod guard;
 mod key;
 mod mem;
 mod table;
@@ -65,3 +67,18 @@ pub use access::Access;
 pub use error::{AccessError, BindError, DeregisterError, InvalidateError, PdError, RegisterError};
 pub use key::{Key, MwType, Origin, Pd};
 pub use table::{BindMw, Checked, FastReg, MrTable, RegionInfo, MAX_CAPACITY};
+
+/// How many accesses to region memory in this process found the memory unmapped (the
+/// application unmapped it while registered) and failed with [`AccessError::Unmapped`]
+/// instead of faulting. Always 0 where such accesses are not guarded (other than Linux
+/// x86_64), because there they are fatal.
+pub fn unmapped_accesses() -> u64 {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
+    {
+        guard::faults()
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux", not(miri))))]
+    {
+        0
+    }
+}

@@ -332,6 +332,11 @@ impl MrTable {
     /// access it other than through this table or through atomic operations (peers read and
     /// write it concurrently). After `deregister` returns, the table never touches it again.
     ///
+    /// One breach is survived on Linux x86_64, because programs written for NICs commit it:
+    /// memory unmapped while registered (a NIC writes the pinned pages). Accesses to it fail
+    /// with [`AccessError::Unmapped`] instead of faulting; this call installs the signal
+    /// handler that makes that so (`guard` module).
+    ///
     /// # Errors
     ///
     /// As [`register`](Self::register), plus [`RegisterError::NullPointer`].
@@ -347,6 +352,8 @@ impl MrTable {
         validate(iova, len as u64, access)?;
         // SAFETY: forwarded to our caller's contract, which is `Memory::raw`'s.
         let mem = unsafe { Memory::raw(ptr, len) }.ok_or(RegisterError::NullPointer)?;
+        #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
+        crate::guard::ensure_installed();
         self.register_memory(pd, mem, iova, access)
     }
 
@@ -379,6 +386,8 @@ impl MrTable {
         validate(iova, len as u64, access)?;
         // SAFETY: forwarded to our caller's contract, which is `Memory::raw`'s.
         let mem = unsafe { Memory::raw(ptr, len) }.ok_or(RegisterError::NullPointer)?;
+        #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
+        crate::guard::ensure_installed();
         // The new PD is counted before the swap and the old one released after it: the
         // control lock is never held with a slot lock.
         self.hold_pd(pd)?;
@@ -748,10 +757,7 @@ impl MrTable {
         // SAFETY: `own_memory` checked `offset + dst.len()` against the memory length, and
         // `_guard` (the slot read lock) keeps the memory alive; all accesses are atomic.
         #[allow(unsafe_code)]
-        unsafe {
-            mem::load(host.as_ptr(), dst);
-        }
-        Ok(())
+        unsafe { mem::load(host.as_ptr(), dst) }.map_err(|_| AccessError::Unmapped)
     }
 
     /// The application writes its own region's memory; see [`read`](Self::read).
@@ -763,10 +769,7 @@ impl MrTable {
         let (_guard, host) = self.own_memory(key, offset, src.len())?;
         // SAFETY: as in `read`.
         #[allow(unsafe_code)]
-        unsafe {
-            mem::store(host.as_ptr(), src);
-        }
-        Ok(())
+        unsafe { mem::store(host.as_ptr(), src) }.map_err(|_| AccessError::Unmapped)
     }
 
     fn own_memory(
@@ -1124,7 +1127,8 @@ impl Checked<'_> {
     /// # Errors
     ///
     /// [`AccessError::AccessDenied`] if not checked for writing, [`AccessError::OutOfBounds`]
-    /// if `offset + src.len()` exceeds the checked length.
+    /// if `offset + src.len()` exceeds the checked length, [`AccessError::Unmapped`] if the
+    /// memory is no longer mapped.
     pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), AccessError> {
         let writable = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
         if !self.needed.intersects(writable) {
@@ -1137,13 +1141,12 @@ impl Checked<'_> {
             return Ok(());
         };
         // SAFETY: `at` checked the range against the checked length, which `check` verified is
-        // inside the region; the slot read lock held by `self` keeps the memory registered and
-        // alive; every access to region memory is atomic.
+        // inside the region; the slot read lock held by `self` keeps the region registered, and
+        // its memory valid unless the application broke `register_raw`'s contract by unmapping
+        // it, which the store survives on Linux x86_64; every access to region memory is
+        // atomic.
         #[allow(unsafe_code)]
-        unsafe {
-            mem::store(host.as_ptr(), src);
-        }
-        Ok(())
+        unsafe { mem::store(host.as_ptr(), src) }.map_err(|_| AccessError::Unmapped)
     }
 
     /// Gather: copies `dst.len()` bytes from `offset` bytes into the checked range (outgoing
@@ -1152,7 +1155,8 @@ impl Checked<'_> {
     /// # Errors
     ///
     /// [`AccessError::AccessDenied`] if a remote check did not include REMOTE_READ,
-    /// [`AccessError::OutOfBounds`] if `offset + dst.len()` exceeds the checked length.
+    /// [`AccessError::OutOfBounds`] if `offset + dst.len()` exceeds the checked length,
+    /// [`AccessError::Unmapped`] if the memory is no longer mapped.
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), AccessError> {
         if matches!(self.origin, Origin::Remote { .. })
             && !self.needed.contains(Access::REMOTE_READ)
@@ -1167,10 +1171,7 @@ impl Checked<'_> {
         };
         // SAFETY: as in `write`.
         #[allow(unsafe_code)]
-        unsafe {
-            mem::load(host.as_ptr(), dst);
-        }
-        Ok(())
+        unsafe { mem::load(host.as_ptr(), dst) }.map_err(|_| AccessError::Unmapped)
     }
 
     /// Atomic compare-and-swap on the checked 8-byte word (host byte order): stores `swap` if
@@ -1178,14 +1179,17 @@ impl Checked<'_> {
     ///
     /// # Errors
     ///
-    /// [`AccessError::AccessDenied`] if not checked with REMOTE_ATOMIC.
+    /// [`AccessError::AccessDenied`] if not checked with REMOTE_ATOMIC,
+    /// [`AccessError::Unmapped`] if the word is no longer mapped.
     pub fn compare_swap(&self, compare: u64, swap: u64) -> Result<u64, AccessError> {
-        let word = self.word()?;
-        Ok(
-            match word.compare_exchange(compare, swap, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(v) | Err(v) => v,
-            },
-        )
+        let host = self.word()?;
+        // SAFETY: `word` checked that the 8 bytes are inside the region and 8-byte aligned;
+        // the slot read lock held by `self` keeps the region registered; every access to
+        // region memory is atomic (memory unmapped under the registration is a recovered fault
+        // on Linux x86_64).
+        #[allow(unsafe_code)]
+        unsafe { mem::compare_swap(host.as_ptr(), compare, swap) }
+            .map_err(|_| AccessError::Unmapped)
     }
 
     /// Atomic fetch-and-add (wrapping) on the checked 8-byte word (host byte order); returns
@@ -1193,27 +1197,24 @@ impl Checked<'_> {
     ///
     /// # Errors
     ///
-    /// [`AccessError::AccessDenied`] if not checked with REMOTE_ATOMIC.
+    /// [`AccessError::AccessDenied`] if not checked with REMOTE_ATOMIC,
+    /// [`AccessError::Unmapped`] if the word is no longer mapped.
     pub fn fetch_add(&self, add: u64) -> Result<u64, AccessError> {
-        Ok(self.word()?.fetch_add(add, Ordering::AcqRel))
+        let host = self.word()?;
+        // SAFETY: as in `compare_swap`.
+        #[allow(unsafe_code)]
+        unsafe { mem::fetch_add(host.as_ptr(), add) }.map_err(|_| AccessError::Unmapped)
     }
 
-    fn word(&self) -> Result<&AtomicU64, AccessError> {
-        let host = match self.host {
-            Some(host) if self.needed.contains(Access::REMOTE_ATOMIC) => host,
-            _ => {
-                return Err(AccessError::AccessDenied {
-                    needed: Access::REMOTE_ATOMIC,
-                    granted: self.needed,
-                })
-            }
-        };
-        // SAFETY: `check` verified the 8 bytes are inside the region and the host address is
-        // 8-byte aligned; the slot read lock held by `self` (which the returned borrow cannot
-        // outlive) keeps the memory alive; every access to region memory is atomic.
-        #[allow(unsafe_code)]
-        let word = unsafe { mem::word(host.as_ptr()) };
-        Ok(word)
+    /// The checked word's host address, if checked for an atomic.
+    fn word(&self) -> Result<HostPtr, AccessError> {
+        match self.host {
+            Some(host) if self.needed.contains(Access::REMOTE_ATOMIC) => Ok(host),
+            _ => Err(AccessError::AccessDenied {
+                needed: Access::REMOTE_ATOMIC,
+                granted: self.needed,
+            }),
+        }
     }
 
     /// Host pointer for `[offset, offset + n)` of the checked range; `None` when `n` is 0.

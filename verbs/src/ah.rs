@@ -445,6 +445,67 @@ mod tests {
         }
     }
 
+    /// UCX 1.13's UD interface frees its receive pool (still registered, through its
+    /// registration cache) before it destroys the QP; a datagram arriving in between must fail
+    /// its receive, not kill the process (a NIC would have written the pinned pages).
+    #[test]
+    fn a_datagram_into_memory_unmapped_while_registered_fails_the_receive_only() {
+        use crate::sys::ibv_wc_status_IBV_WC_LOC_PROT_ERR as WC_LOC_PROT_ERR;
+        let (a, b, qa, qb) = connected(ibv_qp_type_IBV_QPT_UD);
+        // SAFETY: a live QP of the test.
+        let nb = unsafe { (*qb).qp_num };
+        const LEN: usize = 8192;
+        // SAFETY: a fresh private anonymous mapping.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let lw = crate::sys::ibv_access_flags_IBV_ACCESS_LOCAL_WRITE as c_int;
+        // SAFETY: the harness's PD over the test's mapping.
+        let mr = unsafe { crate::mr::ibv_reg_mr(b.pd, p, LEN, lw) };
+        assert!(!mr.is_null());
+        // SAFETY: a live MR.
+        let lkey = unsafe { (*mr).lkey };
+        let posted = roce_transport::Sge {
+            addr: p as u64 + 4096,
+            length: 4096,
+            lkey: roce_transport::LKey::new(lkey),
+        };
+        assert_eq!(post_recv_one(qb, 9, posted), 0);
+        // SAFETY: the second page is the posted buffer; only the library refers to it.
+        assert_eq!(
+            unsafe { libc::munmap(p.cast::<u8>().add(4096).cast(), 4096) },
+            0
+        );
+        let before = roce_transport::unmapped_accesses();
+
+        let mut attr = a.ah_attr_to(&b);
+        // SAFETY: the harness's PD and a local attribute struct.
+        let ah = unsafe { ibv_create_ah(a.pd, &mut attr) };
+        assert!(!ah.is_null());
+        let msg = a.mr(100, 0x3C);
+        let mut w = ud_send(ah, nb, msg.sge(0, 100));
+        assert_eq!(post(qa, &mut w).0, 0);
+        assert_eq!(a.poll(1)[0].status, WC_SUCCESS);
+        let c = b.poll(1);
+        assert_eq!((c[0].wr_id, c[0].status), (9, WC_LOC_PROT_ERR));
+        assert!(roce_transport::unmapped_accesses() > before);
+
+        // SAFETY: the test's AH, MR and remaining mapping.
+        unsafe {
+            assert_eq!(ibv_destroy_ah(ah), 0);
+            assert_eq!(crate::mr::ibv_dereg_mr(mr), 0);
+            assert_eq!(libc::munmap(p, 4096), 0);
+        }
+    }
+
     #[test]
     fn create_ah_needs_a_grh_and_the_devices_gid() {
         let (a, b, _qa, _qb) = connected(ibv_qp_type_IBV_QPT_UD);

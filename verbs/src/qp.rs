@@ -1292,6 +1292,63 @@ mod tests {
         u
     }
 
+    /// An RDMA WRITE or atomic aimed at memory the peer unmapped while it was registered is
+    /// NAKed (remote access error) and the peer process lives on.
+    #[test]
+    fn a_remote_access_to_memory_unmapped_while_registered_is_naked() {
+        use crate::sys::ibv_wc_status_IBV_WC_REM_ACCESS_ERR as WC_REM_ACCESS_ERR;
+        const LEN: usize = 4096;
+        let access = (crate::sys::ibv_access_flags_IBV_ACCESS_LOCAL_WRITE
+            | crate::sys::ibv_access_flags_IBV_ACCESS_REMOTE_WRITE
+            | crate::sys::ibv_access_flags_IBV_ACCESS_REMOTE_ATOMIC) as c_int;
+        for atomic in [false, true] {
+            let (a, b, qa, _qb) = connected(QPT_RC);
+            // SAFETY: a fresh private anonymous mapping.
+            let p = unsafe {
+                libc::mmap(
+                    ptr::null_mut(),
+                    LEN,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            // SAFETY: the harness's PD over the test's mapping.
+            let mr = unsafe { crate::mr::ibv_reg_mr(b.pd, p, LEN, access) };
+            assert!(!mr.is_null());
+            // SAFETY: a live MR; then the mapping, which only the library refers to.
+            let rkey = unsafe { (*mr).rkey };
+            assert_eq!(unsafe { libc::munmap(p, LEN) }, 0);
+            let before = roce_transport::unmapped_accesses();
+
+            let src = a.mr(64, 0x5A);
+            let mut sg = [ibv_sge_of(src.sge(0, if atomic { 8 } else { 64 }))];
+            let mut w = if atomic {
+                let mut w = wr(1, WR_ATOMIC_FETCH_AND_ADD, &mut sg);
+                w.wr.atomic.remote_addr = p as u64 + 64;
+                w.wr.atomic.rkey = rkey;
+                w.wr.atomic.compare_add = 1;
+                w
+            } else {
+                let mut w = wr(1, WR_RDMA_WRITE, &mut sg);
+                w.wr = rdma(p as u64 + 100, rkey);
+                w
+            };
+            assert_eq!(post(qa, &mut w).0, 0);
+            let c = a.poll(1);
+            assert_eq!(
+                (c[0].wr_id, c[0].status),
+                (1, WC_REM_ACCESS_ERR),
+                "atomic {atomic}"
+            );
+            assert!(roce_transport::unmapped_accesses() > before);
+            // SAFETY: the test's MR.
+            assert_eq!(unsafe { crate::mr::ibv_dereg_mr(mr) }, 0);
+        }
+    }
+
     #[test]
     fn rc_write_send_read_and_atomics_through_post_send() {
         let (a, b, qa, qb) = connected(QPT_RC);

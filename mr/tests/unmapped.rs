@@ -1,0 +1,229 @@
+//! Memory the application unmaps while it is still registered: accesses fail with
+//! `AccessError::Unmapped` instead of killing the process, and every other fault still reaches
+//! the handler (or the default action) it would have reached without us.
+#![cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#![allow(unsafe_code)]
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::Command;
+
+use roce_mr::{Access, AccessError, Key, MrTable, Origin, Pd};
+use roce_wire::Qpn;
+
+const PAGE: usize = 4096;
+
+fn map(len: usize) -> *mut u8 {
+    // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "mmap");
+    p.cast()
+}
+
+fn unmap(p: *mut u8, len: usize) {
+    // SAFETY: `p .. p + len` is (part of) a mapping made by `map` that only the table refers
+    // to, through accesses that are guarded.
+    assert_eq!(unsafe { libc::munmap(p.cast(), len) }, 0, "munmap");
+}
+
+const ALL: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_ATOMIC);
+
+fn register(table: &MrTable, pd: Pd, p: *mut u8, len: usize) -> Key {
+    // SAFETY: the memory stays registered until the test deregisters it; it is unmapped under
+    // the registration on purpose, the one breach the table survives on this platform.
+    unsafe { table.register_raw(pd, p, len, p as u64, ALL) }.expect("register")
+}
+
+#[test]
+fn every_access_to_unmapped_memory_fails_with_unmapped() {
+    let table = MrTable::new(64, 7);
+    let pd = table.alloc_pd();
+    let len = 2 * PAGE;
+    let p = map(len);
+    let key = register(&table, pd, p, len);
+    let remote = Origin::Remote { qpn: Qpn::new(5) };
+    let at = |off: usize| p as u64 + off as u64;
+
+    // Mapped: everything works.
+    let c = table
+        .check(remote, key, pd, at(8), 8, Access::REMOTE_ATOMIC)
+        .unwrap();
+    assert_eq!(c.fetch_add(5).unwrap(), 0);
+    assert_eq!(c.compare_swap(5, 9).unwrap(), 5);
+    drop(c);
+
+    // The second page goes away; the first stays.
+    unmap(p.wrapping_add(PAGE), PAGE);
+    let before = roce_mr::unmapped_accesses();
+
+    // A write across the boundary copies the mapped part, then stops.
+    let data: Vec<u8> = (0..512u32).map(|i| (i % 251) as u8).collect();
+    let c = table
+        .check(remote, key, pd, at(PAGE - 256), 512, Access::REMOTE_WRITE)
+        .unwrap();
+    assert_eq!(c.write(0, &data), Err(AccessError::Unmapped));
+    drop(c);
+    let mut head = vec![0u8; 256];
+    table.read(key, PAGE - 256, &mut head).unwrap();
+    assert_eq!(head, data[..256], "the mapped part was written");
+
+    // Every kind of access inside the unmapped page fails the same way, at any length (the
+    // byte, word and vector paths of the copy).
+    for len in [1usize, 7, 8, 63, 64, 129, 200, 500] {
+        let c = table
+            .check(
+                remote,
+                key,
+                pd,
+                at(PAGE + 16),
+                len as u64,
+                Access::REMOTE_WRITE | Access::REMOTE_READ,
+            )
+            .unwrap();
+        assert_eq!(
+            c.write(0, &data[..len]),
+            Err(AccessError::Unmapped),
+            "{len}"
+        );
+        let mut out = vec![0u8; len];
+        assert_eq!(c.read(0, &mut out), Err(AccessError::Unmapped), "{len}");
+    }
+    let c = table
+        .check(remote, key, pd, at(PAGE + 64), 8, Access::REMOTE_ATOMIC)
+        .unwrap();
+    assert_eq!(c.fetch_add(1), Err(AccessError::Unmapped));
+    assert_eq!(c.compare_swap(0, 1), Err(AccessError::Unmapped));
+    drop(c);
+    let mut out = [0u8; 4];
+    assert_eq!(
+        table.read(key, PAGE + 4, &mut out),
+        Err(AccessError::Unmapped)
+    );
+    assert_eq!(table.write(key, PAGE + 4, &out), Err(AccessError::Unmapped));
+    // 8 lengths x 2, two atomics, two direct accesses.
+    assert!(roce_mr::unmapped_accesses() >= before + 20);
+
+    // The mapped page still works, and the region deregisters normally.
+    let c = table
+        .check(remote, key, pd, at(8), 8, Access::REMOTE_ATOMIC)
+        .unwrap();
+    assert_eq!(c.fetch_add(1).unwrap(), 9);
+    drop(c);
+    table.deregister(key).unwrap();
+    unmap(p, PAGE);
+}
+
+/// What the child process does, chosen by the parent through this variable.
+const CHILD: &str = "ROCE_MR_UNMAPPED_CHILD";
+
+/// Runs this test binary again as a child doing `what`; returns its status.
+fn child(test: &str, what: &str) -> std::process::ExitStatus {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(CHILD, what)
+        .status()
+        .expect("spawn the test binary")
+}
+
+/// In the child: registers memory (which installs the handler), then faults outside it.
+fn register_then_fault() -> ! {
+    let table = MrTable::new(8, 1);
+    let pd = table.alloc_pd();
+    let p = map(PAGE);
+    let _key = register(&table, pd, p, PAGE);
+    unmap(p, PAGE);
+    // A recovered fault first, so the handler is certainly in place and working.
+    let mut b = [0u8; 1];
+    assert_eq!(table.read(_key, 0, &mut b), Err(AccessError::Unmapped));
+    // SAFETY: none: this write to an unmapped page is the fault under test; the process is
+    // expected to die of it (or to leave through the handler installed before ours).
+    unsafe { core::ptr::write_volatile(p, 1) };
+    std::process::exit(3)
+}
+
+#[test]
+fn a_fault_outside_region_access_still_kills_the_process() {
+    match std::env::var(CHILD).as_deref() {
+        Ok("default") => register_then_fault(),
+        Ok(_) => return,
+        Err(_) => {}
+    }
+    let status = child(
+        "a_fault_outside_region_access_still_kills_the_process",
+        "default",
+    );
+    assert_eq!(status.signal(), Some(libc::SIGSEGV), "{status:?}");
+}
+
+extern "C" fn earlier_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: _exit is async-signal-safe.
+    unsafe { libc::_exit(42) }
+}
+
+#[test]
+fn a_fault_outside_region_access_reaches_the_earlier_handler() {
+    match std::env::var(CHILD).as_deref() {
+        Ok("earlier") => {
+            // SAFETY: a zeroed sigaction with an SA_SIGINFO handler of that signature.
+            unsafe {
+                let mut sa: libc::sigaction = core::mem::zeroed();
+                sa.sa_sigaction = earlier_handler as *const () as usize;
+                sa.sa_flags = libc::SA_SIGINFO;
+                libc::sigemptyset(&mut sa.sa_mask);
+                assert_eq!(
+                    libc::sigaction(libc::SIGSEGV, &sa, core::ptr::null_mut()),
+                    0
+                );
+            }
+            register_then_fault()
+        }
+        Ok(_) => return,
+        Err(_) => {}
+    }
+    let status = child(
+        "a_fault_outside_region_access_reaches_the_earlier_handler",
+        "earlier",
+    );
+    assert_eq!(status.code(), Some(42), "{status:?}");
+}
+
+#[test]
+fn a_sent_sigsegv_is_not_swallowed() {
+    match std::env::var(CHILD).as_deref() {
+        Ok("raise") => {
+            let table = MrTable::new(8, 1);
+            let pd = table.alloc_pd();
+            let p = map(PAGE);
+            let _key = register(&table, pd, p, PAGE);
+            // With the default disposition before ours, a SIGSEGV sent (not raised by a
+            // fault) must still terminate the process.
+            // SAFETY: restoring the default first, so Rust's own stack-overflow handler is not
+            // what the test exercises; raise is plain libc.
+            unsafe {
+                let mut dfl: libc::sigaction = core::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigemptyset(&mut dfl.sa_mask);
+                libc::sigaction(libc::SIGSEGV, &dfl, core::ptr::null_mut());
+            }
+            let _key2 = register(&table, pd, p, PAGE);
+            // SAFETY: plain libc call.
+            unsafe { libc::raise(libc::SIGSEGV) };
+            std::process::exit(3)
+        }
+        Ok(_) => return,
+        Err(_) => {}
+    }
+    let status = child("a_sent_sigsegv_is_not_swallowed", "raise");
+    assert_eq!(status.signal(), Some(libc::SIGSEGV), "{status:?}");
+}

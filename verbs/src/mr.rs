@@ -8,6 +8,12 @@
 //! for `ibv_reg_mr_iova(2)`, 0 with `IBV_ACCESS_ZERO_BASED`. `mr->addr` is the application's
 //! address, as rdma-core sets it. No pages are pinned, so fork needs no care here.
 //!
+//! Because nothing is pinned, memory the application unmaps while it is still registered is
+//! gone for us, where a NIC would keep writing the pinned pages. UCX 1.13 does it to the
+//! receive buffers of its UD QPs at teardown. An access to it fails instead of faulting
+//! (`roce_mr`'s `guard` module, Linux x86_64): a receive completes with `IBV_WC_LOC_PROT_ERR`,
+//! a remote access is NAKed, and `ROCECTL_VERBS_TRACE` reports the count at `ibv_destroy_qp`.
+//!
 //! Access flags (ibv_reg_mr(3)): LOCAL_WRITE, REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC,
 //! MW_BIND and ZERO_BASED are kept (plus the later FLUSH_GLOBAL/FLUSH_PERSISTENT bits, 1 << 8
 //! and 1 << 9, which rocectl implements); RELAXED_ORDERING and the rest of the optional range

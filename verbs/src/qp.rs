@@ -634,6 +634,13 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: per the contract.
         let rec = unsafe { QpRec::from_ibv(qp) }.ok_or(libc::EINVAL)?;
         let qpn = rec.qp.qpn().value();
+        let unmapped = roce_transport::unmapped_accesses();
+        if unmapped > 0 {
+            crate::ffi::trace(format_args!(
+                "destroy_qp {qpn:#x}: {unmapped} accesses so far found registered memory \
+                 unmapped (failed, not fatal)"
+            ));
+        }
         if let Some(ctx) = rec.context() {
             ctx.qps
                 .lock()

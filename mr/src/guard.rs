@@ -17,19 +17,21 @@
 //! or the request is NAKed, and the process lives.
 //!
 //! The handler is installed by [`ensure_installed`] on every registration of caller memory
-//! (the only memory that can vanish under us), on top of whatever handler was there, and
-//! chains every other fault to it: a previous handler is called as it asked to be (with or
-//! without `SA_SIGINFO`); a default or ignored disposition is restored to the default and the
-//! faulting instruction re-runs, so the process dies exactly as it would have without us
-//! (a signal sent with `kill` is raised again). A handler installed after the last
-//! registration hides ours until the next one re-installs it.
+//! (the only memory that can vanish under us), over whatever handler was there, and passes
+//! every other signal on as the kernel would have: to the earlier handler (with or without
+//! `SA_SIGINFO`, with its mask, honouring `SA_RESETHAND`); under a default or ignored
+//! disposition a fault re-runs with the default restored, so the process dies exactly as it
+//! would have without us, a sent signal is raised again (or dropped, if it was ignored).
+//! A handler installed after ours is left on top (see [`ensure_installed`]). Engine threads
+//! must not block SIGSEGV/SIGBUS (the kernel kills a process whose blocked fault it cannot
+//! deliver); the transport's threads unblock them.
 //!
 //! What stays different from a NIC: pages unmapped and mapped again at the same address
 //! receive the data where the NIC's would go to the old pages. No emulation through virtual
 //! addresses can tell the two apart.
 
 use core::ffi::{c_int, c_void};
-use core::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 // Register use follows the System V ABI: arguments in rdi, rsi, rdx, rcx; only caller-saved
@@ -46,6 +48,7 @@ mod asm {
         ".p2align 4",
         ".hidden roce_mr_guard_copy_avx",
         ".globl roce_mr_guard_copy_avx",
+        ".type roce_mr_guard_copy_avx, @function",
         "roce_mr_guard_copy_avx:",
         "cmp rdx, 128",
         "jb roce_mr_guard_copy",
@@ -71,11 +74,13 @@ mod asm {
         "vzeroupper",
         "mov eax, 1",
         "ret",
+        ".size roce_mr_guard_copy_avx, . - roce_mr_guard_copy_avx",
         // Copy with 16-byte SSE2 moves (part of x86_64), 64 bytes a round, then 8-byte words, then
         // bytes. Same arguments and result.
         ".p2align 4",
         ".hidden roce_mr_guard_copy",
         ".globl roce_mr_guard_copy",
+        ".type roce_mr_guard_copy, @function",
         "roce_mr_guard_copy:",
         "cmp rdx, 64",
         "jb 3f",
@@ -119,24 +124,29 @@ mod asm {
         "roce_mr_guard_copy_fixup:",
         "mov eax, 1",
         "ret",
+        ".size roce_mr_guard_copy, . - roce_mr_guard_copy",
         // Compare-and-swap: rdi = word, rsi = compare, rdx = swap; returns the old value in
         // rax and 0 in rdx (`Word`), or 1 in rdx after a fault.
         ".p2align 4",
         ".hidden roce_mr_guard_cas",
         ".globl roce_mr_guard_cas",
+        ".type roce_mr_guard_cas, @function",
         "roce_mr_guard_cas:",
         "mov rax, rsi",
         "lock cmpxchg qword ptr [rdi], rdx",
         "xor edx, edx",
         "ret",
+        ".size roce_mr_guard_cas, . - roce_mr_guard_cas",
         // Fetch-and-add: rdi = word, rsi = addend; returns as the compare-and-swap.
         ".hidden roce_mr_guard_fadd",
         ".globl roce_mr_guard_fadd",
+        ".type roce_mr_guard_fadd, @function",
         "roce_mr_guard_fadd:",
         "lock xadd qword ptr [rdi], rsi",
         "mov rax, rsi",
         "xor edx, edx",
         "ret",
+        ".size roce_mr_guard_fadd, . - roce_mr_guard_fadd",
         ".hidden roce_mr_guard_atomic_fixup",
         ".globl roce_mr_guard_atomic_fixup",
         "roce_mr_guard_atomic_fixup:",
@@ -263,20 +273,12 @@ fn fixup_for(ip: usize) -> Option<usize> {
         .map(|&(_, fixup)| fixup)
 }
 
-/// The disposition found before ours, per signal: handler address and `sa_flags`.
-struct Previous {
-    handler: AtomicUsize,
-    flags: AtomicI32,
-}
+/// The disposition found before ours, for one signal: a leaked, never-changed copy, so the
+/// handler reads the handler address, flags and mask of one `sigaction` together.
+struct Previous(AtomicPtr<libc::sigaction>);
 
-static PREV_SEGV: Previous = Previous {
-    handler: AtomicUsize::new(libc::SIG_DFL),
-    flags: AtomicI32::new(0),
-};
-static PREV_BUS: Previous = Previous {
-    handler: AtomicUsize::new(libc::SIG_DFL),
-    flags: AtomicI32::new(0),
-};
+static PREV_SEGV: Previous = Previous(AtomicPtr::new(core::ptr::null_mut()));
+static PREV_BUS: Previous = Previous(AtomicPtr::new(core::ptr::null_mut()));
 
 fn previous(sig: c_int) -> &'static Previous {
     if sig == libc::SIGBUS {
@@ -286,15 +288,32 @@ fn previous(sig: c_int) -> &'static Previous {
     }
 }
 
+/// Whether `code` says the CPU raised `sig` at the faulting instruction (so it runs again
+/// when the handler returns): SEGV_MAPERR/ACCERR/BNDERR/PKUERR, SI_KERNEL (a general
+/// protection fault), BUS_ADRALN/ADRERR/OBJERR/MCEERR_AR. A signal sent with `kill`,
+/// `raise` or `sigqueue` (code <= 0) and BUS_MCEERR_AO (reported later, not at the
+/// instruction) are not.
+fn synchronous(sig: c_int, code: c_int) -> bool {
+    const SI_KERNEL: c_int = 0x80;
+    (sig == libc::SIGSEGV || sig == libc::SIGBUS) && matches!(code, 1..=4 | SI_KERNEL)
+}
+
+/// The address of our handler.
+fn ours() -> usize {
+    on_fault as *const () as usize
+}
+
 /// The SIGSEGV/SIGBUS handler: recovers faults inside the guarded functions, chains the rest.
 #[allow(unsafe_code)]
 extern "C" fn on_fault(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
-    // A fault the CPU raised (si_code > 0; `kill` and `raise` give <= 0) inside a guarded
-    // function: resume at its fixup.
-    // SAFETY: the kernel passes a valid siginfo and ucontext to an SA_SIGINFO handler; only
-    // the saved instruction pointer is changed, to an address inside the same function.
-    unsafe {
-        if !info.is_null() && (*info).si_code > 0 && !ctx.is_null() {
+    // SAFETY: the kernel passes a valid (or null) siginfo to an SA_SIGINFO handler.
+    let code = unsafe { info.as_ref() }.map_or(0, |i| i.si_code);
+    let fault = synchronous(sig, code);
+    // A fault the CPU raised inside a guarded function: resume at its fixup.
+    if fault && !ctx.is_null() {
+        // SAFETY: the kernel passes a valid ucontext to an SA_SIGINFO handler; only the saved
+        // instruction pointer is changed, to an address inside the same function.
+        unsafe {
             let uc = ctx.cast::<libc::ucontext_t>();
             let rip = &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize];
             if let Some(fixup) = fixup_for(*rip as usize) {
@@ -304,13 +323,14 @@ extern "C" fn on_fault(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void)
             }
         }
     }
-    let prev = previous(sig);
-    let handler = prev.handler.load(Ordering::Acquire);
-    let flags = prev.flags.load(Ordering::Acquire);
-    if handler == libc::SIG_DFL
-        || handler == libc::SIG_IGN
-        || handler == on_fault as *const () as usize
-    {
+    // SAFETY: null or a leaked, immutable copy made by `ensure_installed`.
+    let prev = unsafe { previous(sig).0.load(Ordering::Acquire).as_ref() };
+    let handler = prev.map_or(libc::SIG_DFL, |p| p.sa_sigaction);
+    if handler == libc::SIG_IGN && !fault {
+        // The kernel would have discarded a sent signal.
+        return;
+    }
+    if handler == libc::SIG_DFL || handler == libc::SIG_IGN || handler == ours() {
         // SAFETY: sigaction and raise are async-signal-safe; a zeroed sigaction with SIG_DFL
         // and an empty mask is a valid argument.
         unsafe {
@@ -318,15 +338,31 @@ extern "C" fn on_fault(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void)
             dfl.sa_sigaction = libc::SIG_DFL;
             libc::sigemptyset(&mut dfl.sa_mask);
             libc::sigaction(sig, &dfl, core::ptr::null_mut());
-            // A fault re-runs the instruction and dies by default; a sent signal must be sent
-            // again (it stays pending until this handler returns).
-            if info.is_null() || (*info).si_code <= 0 {
+            // A fault re-runs the instruction and dies of the default action (as the kernel
+            // forces for an ignored fault); anything else is raised again (it stays pending
+            // until this handler returns).
+            if !fault {
                 libc::raise(sig);
             }
         }
         return;
     }
-    if flags & libc::SA_SIGINFO != 0 {
+    let Some(prev) = prev else { return };
+    // Call it as the kernel would have: its mask added, its disposition reset first if it
+    // asked for SA_RESETHAND.
+    // SAFETY: pthread_sigmask and sigaction are async-signal-safe; `prev.sa_mask` is a valid
+    // set; `old` is a writable local.
+    let mut old: libc::sigset_t = unsafe { core::mem::zeroed() };
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_BLOCK, &prev.sa_mask, &mut old);
+        if prev.sa_flags & libc::SA_RESETHAND != 0 {
+            let mut dfl: libc::sigaction = core::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigemptyset(&mut dfl.sa_mask);
+            libc::sigaction(sig, &dfl, core::ptr::null_mut());
+        }
+    }
+    if prev.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the previous handler was installed with SA_SIGINFO, so it has this type.
         let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
             unsafe { core::mem::transmute(handler) };
@@ -336,13 +372,23 @@ extern "C" fn on_fault(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void)
         let f: extern "C" fn(c_int) = unsafe { core::mem::transmute(handler) };
         f(sig);
     }
+    // SAFETY: restoring the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut()) };
 }
 
 /// Serialises installations.
 static INSTALL: Mutex<()> = Mutex::new(());
 
-/// Makes sure our handler is the one SIGSEGV and SIGBUS reach first, remembering what it
-/// replaces (see the module docs). Costs two `sigaction` queries when it already is.
+/// Makes sure SIGSEGV and SIGBUS reach our handler, remembering what it replaces (see the
+/// module docs). Costs two `sigaction` queries when nothing needs doing.
+///
+/// We install over the default or ignored disposition, over the handler that was there when
+/// we first installed (someone restored it, taking ours out), and the first time over
+/// anything. We never install over another handler that arrived after ours: it most likely
+/// chains to ours (it saw ours as its predecessor), and installing over it would make the two
+/// call each other for ever. Such a handler sees our faults first; one that chains (or that
+/// restores its predecessor and returns, so the instruction faults again) still lets us
+/// recover them.
 #[allow(unsafe_code)]
 pub(crate) fn ensure_installed() {
     let _serial = INSTALL
@@ -355,20 +401,80 @@ pub(crate) fn ensure_installed() {
         if unsafe { libc::sigaction(sig, core::ptr::null(), &mut cur) } != 0 {
             continue;
         }
-        if cur.sa_sigaction == on_fault as *const () as usize {
+        let slot = previous(sig);
+        // SAFETY: null or a leaked, immutable copy made below.
+        let prev = unsafe { slot.0.load(Ordering::Acquire).as_ref() };
+        let h = cur.sa_sigaction;
+        let install = h != ours()
+            && (prev.is_none()
+                || h == libc::SIG_DFL
+                || h == libc::SIG_IGN
+                || prev.is_some_and(|p| p.sa_sigaction == h));
+        if !install {
             continue;
         }
-        let prev = previous(sig);
-        prev.handler.store(cur.sa_sigaction, Ordering::Release);
-        prev.flags.store(cur.sa_flags, Ordering::Release);
         // SAFETY: a zeroed sigaction with our SA_SIGINFO handler, an empty mask and valid
-        // flags; `on_fault` has the SA_SIGINFO signature.
-        unsafe {
-            let mut ours: libc::sigaction = core::mem::zeroed();
-            ours.sa_sigaction = on_fault as *const () as usize;
-            ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
-            libc::sigemptyset(&mut ours.sa_mask);
-            libc::sigaction(sig, &ours, core::ptr::null_mut());
+        // flags; `on_fault` has the SA_SIGINFO signature. The alternate stack is asked for
+        // only if the handler we replace asked for it (Rust's stack-overflow handler does).
+        let mut ours_sa: libc::sigaction = unsafe { core::mem::zeroed() };
+        ours_sa.sa_sigaction = ours();
+        ours_sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | (cur.sa_flags & libc::SA_ONSTACK);
+        // SAFETY: a valid set to fill.
+        unsafe { libc::sigemptyset(&mut ours_sa.sa_mask) };
+        // Publish what we replace before we replace it, then record what the kernel says we
+        // actually replaced, should another thread have changed it in between.
+        slot.0
+            .store(Box::into_raw(Box::new(cur)), Ordering::Release);
+        // SAFETY: zeroed, writable local.
+        let mut replaced: libc::sigaction = unsafe { core::mem::zeroed() };
+        // SAFETY: valid arguments, as above.
+        if unsafe { libc::sigaction(sig, &ours_sa, &mut replaced) } != 0 {
+            continue;
         }
+        if replaced.sa_sigaction != cur.sa_sigaction && replaced.sa_sigaction != ours() {
+            slot.0
+                .store(Box::into_raw(Box::new(replaced)), Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_guarded_range_is_its_own_and_ends_at_its_fixup() {
+        let copy_avx = roce_mr_guard_copy_avx as *const () as usize;
+        let copy = roce_mr_guard_copy as *const () as usize;
+        let cas = roce_mr_guard_cas as *const () as usize;
+        let fadd = roce_mr_guard_fadd as *const () as usize;
+        let avx_fix = roce_mr_guard_copy_avx_fixup as *const () as usize;
+        let copy_fix = roce_mr_guard_copy_fixup as *const () as usize;
+        let atomic_fix = roce_mr_guard_atomic_fixup as *const () as usize;
+        // One section, in this order: each function, then its fixup, before the next one.
+        assert!(copy_avx < avx_fix && avx_fix < copy, "avx copy");
+        assert!(copy < copy_fix && copy_fix < cas, "sse copy");
+        assert!(cas < fadd && fadd < atomic_fix, "atomics");
+        assert_eq!(fixup_for(copy_avx), Some(avx_fix));
+        assert_eq!(fixup_for(avx_fix - 1), Some(avx_fix));
+        assert_eq!(fixup_for(avx_fix), None, "the fixup itself is not guarded");
+        assert_eq!(fixup_for(copy + 1), Some(copy_fix));
+        assert_eq!(fixup_for(fadd + 1), Some(atomic_fix));
+        assert_eq!(fixup_for(atomic_fix), None);
+        assert_eq!(fixup_for(ours()), None);
+    }
+
+    #[test]
+    fn only_faults_at_the_instruction_count_as_synchronous() {
+        for code in [1, 2, 3, 4, 0x80] {
+            assert!(synchronous(libc::SIGSEGV, code), "{code}");
+            assert!(synchronous(libc::SIGBUS, code), "{code}");
+        }
+        // kill/raise/sigqueue (SI_USER 0, SI_TKILL -6, SI_QUEUE -1), BUS_MCEERR_AO 5.
+        for code in [0, -6, -1, 5] {
+            assert!(!synchronous(libc::SIGSEGV, code), "{code}");
+            assert!(!synchronous(libc::SIGBUS, code), "{code}");
+        }
+        assert!(!synchronous(libc::SIGILL, 1));
     }
 }

@@ -227,3 +227,102 @@ fn a_sent_sigsegv_is_not_swallowed() {
     let status = child("a_sent_sigsegv_is_not_swallowed", "raise");
     assert_eq!(status.signal(), Some(libc::SIGSEGV), "{status:?}");
 }
+
+/// How deep the chaining handler below is nested (a cycle would nest it without end).
+static DEPTH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// The disposition the chaining handler found (ours) and passes faults on to.
+static mut SAVED: core::mem::MaybeUninit<libc::sigaction> = core::mem::MaybeUninit::zeroed();
+
+/// A well-behaved chaining handler installed after ours, as UCX or Python's faulthandler
+/// would be: it passes every fault to the handler it found.
+extern "C" fn chaining_handler(
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+) {
+    use std::sync::atomic::Ordering;
+    if DEPTH.fetch_add(1, Ordering::SeqCst) > 3 {
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(77) }
+    }
+    // SAFETY: SAVED was written before this handler was installed and never changes after.
+    let saved = unsafe { (*core::ptr::addr_of!(SAVED)).assume_init() };
+    // SAFETY: the handler found was installed with SA_SIGINFO (it is ours).
+    let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+        unsafe { core::mem::transmute(saved.sa_sigaction) };
+    f(sig, info, ctx);
+    DEPTH.fetch_sub(1, Ordering::SeqCst);
+}
+
+#[test]
+fn a_chaining_handler_installed_after_ours_stays_on_top_and_faults_end() {
+    match std::env::var(CHILD).as_deref() {
+        Ok("chain") => {
+            let table = MrTable::new(8, 1);
+            let pd = table.alloc_pd();
+            let p = map(2 * PAGE);
+            let key = register(&table, pd, p, 2 * PAGE);
+            // SAFETY: installing a handler of the SA_SIGINFO signature over ours, saving ours
+            // first into SAVED (single-threaded here).
+            unsafe {
+                let mut sa: libc::sigaction = core::mem::zeroed();
+                sa.sa_sigaction = chaining_handler as *const () as usize;
+                sa.sa_flags = libc::SA_SIGINFO;
+                libc::sigemptyset(&mut sa.sa_mask);
+                let mut old: libc::sigaction = core::mem::zeroed();
+                assert_eq!(
+                    libc::sigaction(libc::SIGSEGV, core::ptr::null(), &mut old),
+                    0
+                );
+                (*core::ptr::addr_of_mut!(SAVED)).write(old);
+                assert_eq!(
+                    libc::sigaction(libc::SIGSEGV, &sa, core::ptr::null_mut()),
+                    0
+                );
+            }
+            // A later registration must not put ours back over the chaining handler.
+            let _key2 = register(&table, pd, p, PAGE);
+            unmap(p, 2 * PAGE);
+            // A guarded fault passes through the chaining handler to ours and is recovered.
+            let mut b = [0u8; 8];
+            assert_eq!(table.read(key, 8, &mut b), Err(AccessError::Unmapped));
+            // An ordinary fault ends the process by the default action, not in a cycle.
+            // SAFETY: none: this write to an unmapped page is the fault under test.
+            unsafe { core::ptr::write_volatile(p, 1) };
+            std::process::exit(3)
+        }
+        Ok(_) => return,
+        Err(_) => {}
+    }
+    let status = child(
+        "a_chaining_handler_installed_after_ours_stays_on_top_and_faults_end",
+        "chain",
+    );
+    assert_eq!(status.signal(), Some(libc::SIGSEGV), "{status:?}");
+}
+
+#[test]
+fn a_sent_signal_that_was_ignored_stays_ignored() {
+    match std::env::var(CHILD).as_deref() {
+        Ok("ignored") => {
+            // SAFETY: setting SIGBUS to ignored before our handler goes on top of it.
+            unsafe {
+                let mut ign: libc::sigaction = core::mem::zeroed();
+                ign.sa_sigaction = libc::SIG_IGN;
+                libc::sigemptyset(&mut ign.sa_mask);
+                libc::sigaction(libc::SIGBUS, &ign, core::ptr::null_mut());
+            }
+            let table = MrTable::new(8, 1);
+            let pd = table.alloc_pd();
+            let p = map(PAGE);
+            let _key = register(&table, pd, p, PAGE);
+            // SAFETY: plain libc call.
+            unsafe { libc::raise(libc::SIGBUS) };
+            std::process::exit(5)
+        }
+        Ok(_) => return,
+        Err(_) => {}
+    }
+    let status = child("a_sent_signal_that_was_ignored_stays_ignored", "ignored");
+    assert_eq!(status.code(), Some(5), "{status:?}");
+}

@@ -266,6 +266,7 @@ mod tests {
                 granted: Access::empty(),
             },
             AccessError::OutOfBounds { iova: 0, len: 1 },
+            AccessError::Unmapped,
         ];
         for e in access {
             assert_eq!(

@@ -636,7 +636,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         let qpn = rec.qp.qpn().value();
         let unmapped = roce_transport::unmapped_accesses();
         if unmapped > 0 {
-            crate::ffi::trace(format_args!(
+            trace(format_args!(
                 "destroy_qp {qpn:#x}: {unmapped} accesses so far found registered memory \
                  unmapped (failed, not fatal)"
             ));

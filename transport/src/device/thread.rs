@@ -216,6 +216,7 @@ pub(super) const WAKER: mio::Token = mio::Token(1);
 pub(super) fn run_thread(d: &DeviceShared, index: usize, mut poll: mio::Poll, has_fd: bool) {
     let s = &d.shards[index];
     let _ = s.engine_thread.set(std::thread::current());
+    unblock_faults();
     let mut events = mio::Events::with_capacity(16);
     // When a pass of this thread last received something (for `engine_spin`).
     let mut last_rx: Option<Instant> = None;
@@ -331,6 +332,23 @@ pub(super) fn run_thread(d: &DeviceShared, index: usize, mut poll: mio::Poll, ha
         }
         d.wait.engine_on_fd.store(false, Ordering::SeqCst);
         s.sleep_until.store(0, Ordering::Release);
+    }
+}
+
+/// Unblocks SIGSEGV and SIGBUS in the calling engine thread, which inherits the mask of the
+/// thread that opened the device: this thread writes application memory, and `roce_mr`
+/// recovers a fault there only if the signal can be delivered (a blocked fault kills the
+/// process).
+#[allow(unsafe_code)]
+fn unblock_faults() {
+    // SAFETY: an empty set filled through libc, then passed to pthread_sigmask with a null
+    // old-mask pointer; no memory is shared.
+    unsafe {
+        let mut set: libc::sigset_t = core::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGSEGV);
+        libc::sigaddset(&mut set, libc::SIGBUS);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, core::ptr::null_mut());
     }
 }
 

@@ -16,13 +16,17 @@
 //! [`AccessError::Unmapped`](crate::AccessError::Unmapped): the work request completes in error
 //! or the request is NAKed, and the process lives.
 //!
-//! The handler is installed by [`ensure_installed`] on every registration of caller memory
-//! (the only memory that can vanish under us), over whatever handler was there, and passes
-//! every other signal on as the kernel would have: to the earlier handler (with or without
-//! `SA_SIGINFO`, with its mask, honouring `SA_RESETHAND`); under a default or ignored
-//! disposition a fault re-runs with the default restored, so the process dies exactly as it
-//! would have without us, a sent signal is raised again (or dropped, if it was ignored).
-//! A handler installed after ours is left on top (see [`ensure_installed`]). Engine threads
+//! The handler is put first by [`ensure_installed`] on every registration of caller memory
+//! (the only memory that can vanish under us), over whatever handler is there: in an MPI
+//! process Open MPI and UCX install theirs after the first registration, and a fault must
+//! reach us before a handler that prints a backtrace and kills the process. Every signal we
+//! do not recover is passed on as if we had never been installed: we put back the disposition
+//! we replaced and let the fault re-run (or raise a sent signal again). Handlers installed
+//! after ours often chain back to ours, or put ours back and raise; such a signal reaching us
+//! again before the next installation goes to the disposition our first installation
+//! replaced, which predates us, so no two handlers call each other for ever. A signal this
+//! process sent itself while inside a guarded function (a handler above ours that restored
+//! its predecessor and raised, as UCX's does) is recovered like the fault. Engine threads
 //! must not block SIGSEGV/SIGBUS (the kernel kills a process whose blocked fault it cannot
 //! deliver); the transport's threads unblock them.
 //!
@@ -31,7 +35,7 @@
 //! addresses can tell the two apart.
 
 use core::ffi::{c_int, c_void};
-use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 // Register use follows the System V ABI: arguments in rdi, rsi, rdx, rcx; only caller-saved
@@ -273,18 +277,34 @@ fn fixup_for(ip: usize) -> Option<usize> {
         .map(|&(_, fixup)| fixup)
 }
 
-/// The disposition found before ours, for one signal: a leaked, never-changed copy, so the
-/// handler reads the handler address, flags and mask of one `sigaction` together.
-struct Previous(AtomicPtr<libc::sigaction>);
+/// What one signal's handling remembers. Dispositions are leaked, never-changed copies, so
+/// the handler reads the handler address, flags and mask of one `sigaction` together.
+struct Slot {
+    /// The disposition our latest installation replaced.
+    prev: AtomicPtr<libc::sigaction>,
+    /// The disposition our first installation replaced (it predates us, so it cannot call
+    /// back into us).
+    orig: AtomicPtr<libc::sigaction>,
+    /// Set when a signal we do not recover was handed to `prev`; cleared by installation.
+    passed: AtomicBool,
+}
 
-static PREV_SEGV: Previous = Previous(AtomicPtr::new(core::ptr::null_mut()));
-static PREV_BUS: Previous = Previous(AtomicPtr::new(core::ptr::null_mut()));
+static SEGV: Slot = Slot {
+    prev: AtomicPtr::new(core::ptr::null_mut()),
+    orig: AtomicPtr::new(core::ptr::null_mut()),
+    passed: AtomicBool::new(false),
+};
+static BUS: Slot = Slot {
+    prev: AtomicPtr::new(core::ptr::null_mut()),
+    orig: AtomicPtr::new(core::ptr::null_mut()),
+    passed: AtomicBool::new(false),
+};
 
-fn previous(sig: c_int) -> &'static Previous {
+fn slot(sig: c_int) -> &'static Slot {
     if sig == libc::SIGBUS {
-        &PREV_BUS
+        &BUS
     } else {
-        &PREV_SEGV
+        &SEGV
     }
 }
 
@@ -303,16 +323,35 @@ fn ours() -> usize {
     on_fault as *const () as usize
 }
 
-/// The SIGSEGV/SIGBUS handler: recovers faults inside the guarded functions, chains the rest.
+/// Sets the disposition of `sig` (async-signal-safe).
+#[allow(unsafe_code)]
+fn set_disposition(sig: c_int, to: Option<&libc::sigaction>) {
+    // SAFETY: sigaction is async-signal-safe; a zeroed sigaction with SIG_DFL and an empty
+    // mask, or a copy of a disposition the kernel gave us, is a valid argument.
+    unsafe {
+        let mut dfl: libc::sigaction = core::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut dfl.sa_mask);
+        libc::sigaction(sig, to.unwrap_or(&dfl), core::ptr::null_mut());
+    }
+}
+
+/// The SIGSEGV/SIGBUS handler: recovers faults inside the guarded functions and passes every
+/// other signal on (module docs).
 #[allow(unsafe_code)]
 extern "C" fn on_fault(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     // SAFETY: the kernel passes a valid (or null) siginfo to an SA_SIGINFO handler.
-    let code = unsafe { info.as_ref() }.map_or(0, |i| i.si_code);
+    let info_ref = unsafe { info.as_ref() };
+    let code = info_ref.map_or(0, |i| i.si_code);
     let fault = synchronous(sig, code);
-    // A fault the CPU raised inside a guarded function: resume at its fixup.
-    if fault && !ctx.is_null() {
+    // A signal this process sent itself (`raise` from a handler above ours that restored its
+    // predecessor: UCX's does, after printing a backtrace); it arrives where the fault was.
+    // SAFETY: si_pid is meaningful for code <= 0 (SI_USER, SI_TKILL, SI_QUEUE).
+    let own =
+        code <= 0 && info_ref.is_some_and(|i| unsafe { i.si_pid() } == unsafe { libc::getpid() });
+    if (fault || own) && !ctx.is_null() {
         // SAFETY: the kernel passes a valid ucontext to an SA_SIGINFO handler; only the saved
-        // instruction pointer is changed, to an address inside the same function.
+        // instruction pointer is changed, to the fixup of the same function.
         unsafe {
             let uc = ctx.cast::<libc::ucontext_t>();
             let rip = &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize];
@@ -323,52 +362,54 @@ extern "C" fn on_fault(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void)
             }
         }
     }
-    // SAFETY: null or a leaked, immutable copy made by `ensure_installed`.
-    let prev = unsafe { previous(sig).0.load(Ordering::Acquire).as_ref() };
-    let handler = prev.map_or(libc::SIG_DFL, |p| p.sa_sigaction);
-    if handler == libc::SIG_IGN && !fault {
-        // The kernel would have discarded a sent signal.
-        return;
-    }
-    if handler == libc::SIG_DFL || handler == libc::SIG_IGN || handler == ours() {
-        // SAFETY: sigaction and raise are async-signal-safe; a zeroed sigaction with SIG_DFL
-        // and an empty mask is a valid argument.
-        unsafe {
-            let mut dfl: libc::sigaction = core::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigemptyset(&mut dfl.sa_mask);
-            libc::sigaction(sig, &dfl, core::ptr::null_mut());
-            // A fault re-runs the instruction and dies of the default action (as the kernel
-            // forces for an ignored fault); anything else is raised again (it stays pending
-            // until this handler returns).
-            if !fault {
-                libc::raise(sig);
-            }
+    let s = slot(sig);
+    if !s.passed.swap(true, Ordering::AcqRel) {
+        // First time: step aside for the disposition we replaced and let the kernel deliver
+        // to it, as if we had never been installed: a fault re-runs, anything else is raised
+        // again (it stays pending until we return).
+        // SAFETY: null or a leaked, immutable copy made by `ensure_installed`.
+        let prev = unsafe { s.prev.load(Ordering::Acquire).as_ref() };
+        set_disposition(sig, prev);
+        if !fault {
+            // SAFETY: plain libc call.
+            unsafe { libc::raise(sig) };
         }
         return;
     }
-    let Some(prev) = prev else { return };
+    // Again, before any new installation: the disposition we stepped aside for called us
+    // (it chains to its predecessor, ours) or put us back and raised. Go to the one that
+    // predates us, so nothing can come back here.
+    // SAFETY: as above.
+    let orig = unsafe { s.orig.load(Ordering::Acquire).as_ref() };
+    let handler = orig.map_or(libc::SIG_DFL, |o| o.sa_sigaction);
+    if handler == libc::SIG_IGN && !fault {
+        return;
+    }
+    let Some(orig) = orig.filter(|_| handler != libc::SIG_DFL && handler != libc::SIG_IGN) else {
+        set_disposition(sig, None);
+        if !fault {
+            // SAFETY: plain libc call.
+            unsafe { libc::raise(sig) };
+        }
+        return;
+    };
     // Call it as the kernel would have: its mask added, its disposition reset first if it
     // asked for SA_RESETHAND.
-    // SAFETY: pthread_sigmask and sigaction are async-signal-safe; `prev.sa_mask` is a valid
-    // set; `old` is a writable local.
+    // SAFETY: pthread_sigmask is async-signal-safe; `orig.sa_mask` is a valid set; `old` is
+    // a writable local.
     let mut old: libc::sigset_t = unsafe { core::mem::zeroed() };
-    unsafe {
-        libc::pthread_sigmask(libc::SIG_BLOCK, &prev.sa_mask, &mut old);
-        if prev.sa_flags & libc::SA_RESETHAND != 0 {
-            let mut dfl: libc::sigaction = core::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigemptyset(&mut dfl.sa_mask);
-            libc::sigaction(sig, &dfl, core::ptr::null_mut());
-        }
+    // SAFETY: as above.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &orig.sa_mask, &mut old) };
+    if orig.sa_flags & libc::SA_RESETHAND != 0 {
+        set_disposition(sig, None);
     }
-    if prev.sa_flags & libc::SA_SIGINFO != 0 {
-        // SAFETY: the previous handler was installed with SA_SIGINFO, so it has this type.
+    if orig.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the handler was installed with SA_SIGINFO, so it has this type.
         let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
             unsafe { core::mem::transmute(handler) };
         f(sig, info, ctx);
     } else {
-        // SAFETY: the previous handler was installed without SA_SIGINFO: `void (*)(int)`.
+        // SAFETY: the handler was installed without SA_SIGINFO: `void (*)(int)`.
         let f: extern "C" fn(c_int) = unsafe { core::mem::transmute(handler) };
         f(sig);
     }
@@ -376,19 +417,24 @@ extern "C" fn on_fault(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void)
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut()) };
 }
 
+/// Whether our handler is the one SIGSEGV reaches first right now.
+#[allow(unsafe_code)]
+pub(crate) fn on_top() -> bool {
+    // SAFETY: querying a disposition into a zeroed, writable sigaction.
+    let mut cur: libc::sigaction = unsafe { core::mem::zeroed() };
+    // SAFETY: as above.
+    let r = unsafe { libc::sigaction(libc::SIGSEGV, core::ptr::null(), &mut cur) };
+    r == 0 && cur.sa_sigaction == ours()
+}
+
 /// Serialises installations.
 static INSTALL: Mutex<()> = Mutex::new(());
 
-/// Makes sure SIGSEGV and SIGBUS reach our handler, remembering what it replaces (see the
-/// module docs). Costs two `sigaction` queries when nothing needs doing.
-///
-/// We install over the default or ignored disposition, over the handler that was there when
-/// we first installed (someone restored it, taking ours out), and the first time over
-/// anything. We never install over another handler that arrived after ours: it most likely
-/// chains to ours (it saw ours as its predecessor), and installing over it would make the two
-/// call each other for ever. Such a handler sees our faults first; one that chains (or that
-/// restores its predecessor and returns, so the instruction faults again) still lets us
-/// recover them.
+/// Puts our handler first for SIGSEGV and SIGBUS, remembering what it replaces (module
+/// docs), unless it already is: two `sigaction` queries then. Handlers installed after ours
+/// (Open MPI's and UCX's are, in an MPI process) are replaced too, so that a fault on unmapped
+/// region memory reaches us first; they often chain back to ours, which is why a signal we
+/// pass on never returns to them (`on_fault`).
 #[allow(unsafe_code)]
 pub(crate) fn ensure_installed() {
     let _serial = INSTALL
@@ -401,18 +447,10 @@ pub(crate) fn ensure_installed() {
         if unsafe { libc::sigaction(sig, core::ptr::null(), &mut cur) } != 0 {
             continue;
         }
-        let slot = previous(sig);
-        // SAFETY: null or a leaked, immutable copy made below.
-        let prev = unsafe { slot.0.load(Ordering::Acquire).as_ref() };
-        let h = cur.sa_sigaction;
-        let install = h != ours()
-            && (prev.is_none()
-                || h == libc::SIG_DFL
-                || h == libc::SIG_IGN
-                || prev.is_some_and(|p| p.sa_sigaction == h));
-        if !install {
+        if cur.sa_sigaction == ours() {
             continue;
         }
+        let s = slot(sig);
         // SAFETY: a zeroed sigaction with our SA_SIGINFO handler, an empty mask and valid
         // flags; `on_fault` has the SA_SIGINFO signature. The alternate stack is asked for
         // only if the handler we replace asked for it (Rust's stack-overflow handler does).
@@ -423,8 +461,12 @@ pub(crate) fn ensure_installed() {
         unsafe { libc::sigemptyset(&mut ours_sa.sa_mask) };
         // Publish what we replace before we replace it, then record what the kernel says we
         // actually replaced, should another thread have changed it in between.
-        slot.0
-            .store(Box::into_raw(Box::new(cur)), Ordering::Release);
+        let copy = Box::into_raw(Box::new(cur));
+        s.prev.store(copy, Ordering::Release);
+        if s.orig.load(Ordering::Acquire).is_null() {
+            s.orig.store(copy, Ordering::Release);
+        }
+        s.passed.store(false, Ordering::Release);
         // SAFETY: zeroed, writable local.
         let mut replaced: libc::sigaction = unsafe { core::mem::zeroed() };
         // SAFETY: valid arguments, as above.
@@ -432,7 +474,7 @@ pub(crate) fn ensure_installed() {
             continue;
         }
         if replaced.sa_sigaction != cur.sa_sigaction && replaced.sa_sigaction != ours() {
-            slot.0
+            s.prev
                 .store(Box::into_raw(Box::new(replaced)), Ordering::Release);
         }
     }

@@ -82,3 +82,17 @@ pub fn unmapped_accesses() -> u64 {
         0
     }
 }
+
+/// Whether the handler that turns faults on unmapped region memory into
+/// [`AccessError::Unmapped`] is the first SIGSEGV handler right now (false before the first
+/// registration of caller memory, under a handler installed after ours, and off Linux x86_64).
+pub fn unmapped_guard_on_top() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
+    {
+        guard::on_top()
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux", not(miri))))]
+    {
+        false
+    }
+}

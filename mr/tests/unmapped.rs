@@ -52,6 +52,7 @@ fn every_access_to_unmapped_memory_fails_with_unmapped() {
     let len = 2 * PAGE;
     let p = map(len);
     let key = register(&table, pd, p, len);
+    assert!(roce_mr::unmapped_guard_on_top());
     let remote = Origin::Remote { qpn: Qpn::new(5) };
     let at = |off: usize| p as u64 + off as u64;
 
@@ -228,8 +229,8 @@ fn a_sent_sigsegv_is_not_swallowed() {
     assert_eq!(status.signal(), Some(libc::SIGSEGV), "{status:?}");
 }
 
-/// How deep the chaining handler below is nested (a cycle would nest it without end).
-static DEPTH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// How often the handlers below ran (a cycle of handlers would run them without end).
+static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 /// The disposition the chaining handler found (ours) and passes faults on to.
 static mut SAVED: core::mem::MaybeUninit<libc::sigaction> = core::mem::MaybeUninit::zeroed();
 
@@ -241,7 +242,9 @@ extern "C" fn chaining_handler(
     ctx: *mut libc::c_void,
 ) {
     use std::sync::atomic::Ordering;
-    if DEPTH.fetch_add(1, Ordering::SeqCst) > 3 {
+    // Every call counts (nested or one after the other): a few are expected, a cycle of
+    // handlers is not.
+    if CALLS.fetch_add(1, Ordering::SeqCst) > 20 {
         // SAFETY: _exit is async-signal-safe.
         unsafe { libc::_exit(77) }
     }
@@ -251,42 +254,92 @@ extern "C" fn chaining_handler(
     let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
         unsafe { core::mem::transmute(saved.sa_sigaction) };
     f(sig, info, ctx);
-    DEPTH.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Installs `handler` (SA_SIGINFO) for SIGSEGV, saving the disposition it replaces in SAVED.
+fn install_over(handler: usize) {
+    // SAFETY: installing a handler of the SA_SIGINFO signature, saving the current one first
+    // into SAVED (the child is single-threaded here).
+    unsafe {
+        let mut sa: libc::sigaction = core::mem::zeroed();
+        sa.sa_sigaction = handler;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        let mut old: libc::sigaction = core::mem::zeroed();
+        assert_eq!(
+            libc::sigaction(libc::SIGSEGV, core::ptr::null(), &mut old),
+            0
+        );
+        (*core::ptr::addr_of_mut!(SAVED)).write(old);
+        assert_eq!(
+            libc::sigaction(libc::SIGSEGV, &sa, core::ptr::null_mut()),
+            0
+        );
+    }
+}
+
+/// Like UCX's error handler: puts back the handler it replaced, then raises the signal again
+/// (after printing a backtrace, in UCX's case).
+extern "C" fn restore_and_raise_handler(
+    sig: libc::c_int,
+    _: *mut libc::siginfo_t,
+    _: *mut libc::c_void,
+) {
+    use std::sync::atomic::Ordering;
+    if CALLS.fetch_add(1, Ordering::SeqCst) > 20 {
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(77) }
+    }
+    // SAFETY: SAVED was written before this handler was installed; sigaction and raise are
+    // async-signal-safe.
+    unsafe {
+        libc::sigaction(
+            sig,
+            (*core::ptr::addr_of!(SAVED)).as_ptr(),
+            core::ptr::null_mut(),
+        );
+        libc::raise(sig);
+    }
 }
 
 #[test]
-fn a_chaining_handler_installed_after_ours_stays_on_top_and_faults_end() {
-    match std::env::var(CHILD).as_deref() {
-        Ok("chain") => {
+fn handlers_installed_after_ours_neither_hide_our_faults_nor_loop() {
+    let what = std::env::var(CHILD);
+    match what.as_deref() {
+        Ok(w @ ("chain" | "restore" | "restore-under")) => {
             let table = MrTable::new(8, 1);
             let pd = table.alloc_pd();
             let p = map(2 * PAGE);
             let key = register(&table, pd, p, 2 * PAGE);
-            // SAFETY: installing a handler of the SA_SIGINFO signature over ours, saving ours
-            // first into SAVED (single-threaded here).
-            unsafe {
-                let mut sa: libc::sigaction = core::mem::zeroed();
-                sa.sa_sigaction = chaining_handler as *const () as usize;
-                sa.sa_flags = libc::SA_SIGINFO;
-                libc::sigemptyset(&mut sa.sa_mask);
-                let mut old: libc::sigaction = core::mem::zeroed();
-                assert_eq!(
-                    libc::sigaction(libc::SIGSEGV, core::ptr::null(), &mut old),
-                    0
-                );
-                (*core::ptr::addr_of_mut!(SAVED)).write(old);
-                assert_eq!(
-                    libc::sigaction(libc::SIGSEGV, &sa, core::ptr::null_mut()),
-                    0
-                );
-            }
-            // A later registration must not put ours back over the chaining handler.
-            let _key2 = register(&table, pd, p, PAGE);
+            let handler = if w == "chain" {
+                chaining_handler as *const () as usize
+            } else {
+                restore_and_raise_handler as *const () as usize
+            };
+            install_over(handler);
+            assert!(!roce_mr::unmapped_guard_on_top());
             unmap(p, 2 * PAGE);
-            // A guarded fault passes through the chaining handler to ours and is recovered.
+            // With the other handler on top, a guarded fault still ends in our fixup: through
+            // the chain, or through the signal it raises where the fault was.
             let mut b = [0u8; 8];
             assert_eq!(table.read(key, 8, &mut b), Err(AccessError::Unmapped));
-            // An ordinary fault ends the process by the default action, not in a cycle.
+            if w != "restore-under" {
+                // The next registration puts ours back on top (the restoring handler already
+                // did), and faults are recovered directly.
+                let q = map(PAGE);
+                let _key2 = register(&table, pd, q, PAGE);
+                assert!(roce_mr::unmapped_guard_on_top());
+                assert_eq!(table.read(key, 8, &mut b), Err(AccessError::Unmapped));
+            }
+            if w == "restore-under" {
+                // Ours on top of a handler that puts ours back and raises: an ordinary fault
+                // must still end.
+                install_over(restore_and_raise_handler as *const () as usize);
+                let q = map(PAGE);
+                let _key2 = register(&table, pd, q, PAGE);
+                assert!(roce_mr::unmapped_guard_on_top());
+            }
+            // An ordinary fault ends the process by SIGSEGV, not in a cycle of handlers.
             // SAFETY: none: this write to an unmapped page is the fault under test.
             unsafe { core::ptr::write_volatile(p, 1) };
             std::process::exit(3)
@@ -294,11 +347,13 @@ fn a_chaining_handler_installed_after_ours_stays_on_top_and_faults_end() {
         Ok(_) => return,
         Err(_) => {}
     }
-    let status = child(
-        "a_chaining_handler_installed_after_ours_stays_on_top_and_faults_end",
-        "chain",
-    );
-    assert_eq!(status.signal(), Some(libc::SIGSEGV), "{status:?}");
+    for w in ["chain", "restore", "restore-under"] {
+        let status = child(
+            "handlers_installed_after_ours_neither_hide_our_faults_nor_loop",
+            w,
+        );
+        assert_eq!(status.signal(), Some(libc::SIGSEGV), "{w}: {status:?}");
+    }
 }
 
 #[test]

@@ -90,7 +90,7 @@ pub use device::{
 };
 pub use error::{OpenError, VerbsError};
 pub use netdev::{GidEntry, GidType};
-pub use roce_mr::{unmapped_accesses, Access, AccessError, RegisterError};
+pub use roce_mr::{unmapped_accesses, unmapped_guard_on_top, Access, AccessError, RegisterError};
 pub use roce_qp::state::{AttrMask, ModifyError, QpAttr};
 pub use roce_qp::verbs::{
     AddressHandle, Completion, FlushLevel, FlushPlacement, Mtu, QpState, QpType, RecvWr, SendData,

@@ -1,7 +1,7 @@
 //! Memory the application unmaps while it is still registered: accesses fail with
 //! `AccessError::Unmapped` instead of killing the process, and every other fault still reaches
 //! the handler (or the default action) it would have reached without us.
-#![cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#![cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
 #![allow(unsafe_code)]
 
 use std::os::unix::process::ExitStatusExt;

@@ -180,6 +180,16 @@ struct Word {
     fault: u64,
 }
 
+impl Word {
+    fn result(self) -> Result<u64, Fault> {
+        if self.fault == 0 {
+            Ok(self.old)
+        } else {
+            Err(Fault)
+        }
+    }
+}
+
 /// A fault inside a guarded access: the memory is not mapped (or not mapped for that access).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Fault;
@@ -231,12 +241,7 @@ pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, n: usize) -> Result<(), 
 #[allow(unsafe_code)]
 pub(crate) unsafe fn compare_swap(word: *mut u8, compare: u64, swap: u64) -> Result<u64, Fault> {
     // SAFETY: the caller's contract.
-    let r = unsafe { roce_mr_guard_cas(word.cast(), compare, swap) };
-    if r.fault == 0 {
-        Ok(r.old)
-    } else {
-        Err(Fault)
-    }
+    unsafe { roce_mr_guard_cas(word.cast(), compare, swap) }.result()
 }
 
 /// Fetch-and-add (wrapping) of the 8-byte word at `word`; returns the old value.
@@ -247,12 +252,7 @@ pub(crate) unsafe fn compare_swap(word: *mut u8, compare: u64, swap: u64) -> Res
 #[allow(unsafe_code)]
 pub(crate) unsafe fn fetch_add(word: *mut u8, add: u64) -> Result<u64, Fault> {
     // SAFETY: the caller's contract.
-    let r = unsafe { roce_mr_guard_fadd(word.cast(), add) };
-    if r.fault == 0 {
-        Ok(r.old)
-    } else {
-        Err(Fault)
-    }
+    unsafe { roce_mr_guard_fadd(word.cast(), add) }.result()
 }
 
 /// The fixup for a fault at instruction address `ip`, if `ip` is inside a guarded function.
@@ -504,6 +504,33 @@ mod tests {
         assert_eq!(fixup_for(fadd + 1), Some(atomic_fix));
         assert_eq!(fixup_for(atomic_fix), None);
         assert_eq!(fixup_for(ours()), None);
+    }
+
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_copy_to_or_from_an_address_never_mapped_fails() {
+        // Page zero can never be mapped (vm.mmap_min_addr), so these faults are SEGV_MAPERR,
+        // the code of memory unmapped under a registration.
+        ensure_installed();
+        let mut buf = [7u8; 200];
+        for n in [1usize, 8, 64, 200] {
+            // SAFETY: the destination is unmapped (the one misuse `copy` survives); `buf` is
+            // a live local.
+            assert_eq!(
+                unsafe { copy(core::ptr::without_provenance_mut(16), buf.as_ptr(), n) },
+                Err(Fault)
+            );
+            // SAFETY: as above, the other way round.
+            assert_eq!(
+                unsafe { copy(buf.as_mut_ptr(), core::ptr::without_provenance(16), n) },
+                Err(Fault)
+            );
+        }
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { fetch_add(core::ptr::without_provenance_mut(16), 1) },
+            Err(Fault)
+        );
     }
 
     #[test]

@@ -28,10 +28,23 @@ fn map(len: usize) -> *mut u8 {
     p.cast()
 }
 
+/// Takes `p .. p + len` away from the process as `munmap` would, but keeps the addresses
+/// reserved (an inaccessible mapping in their place): a plain `munmap` let another thread's
+/// mapping (the test harness, an engine) land there, and the access then succeeded.
 fn unmap(p: *mut u8, len: usize) {
     // SAFETY: `p .. p + len` is (part of) a mapping made by `map` that only the table refers
-    // to, through accesses that are guarded.
-    assert_eq!(unsafe { libc::munmap(p.cast(), len) }, 0, "munmap");
+    // to, through accesses that are guarded; MAP_FIXED replaces exactly that range.
+    let q = unsafe {
+        libc::mmap(
+            p.cast(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(q, p.cast(), "mmap PROT_NONE over the range");
 }
 
 const ALL: Access = Access::LOCAL_WRITE
@@ -125,6 +138,22 @@ fn every_access_to_unmapped_memory_fails_with_unmapped() {
     unmap(p, PAGE);
 }
 
+/// Sets the disposition of `sig` to `handler` (an SA_SIGINFO handler when `flags` says so,
+/// or SIG_DFL / SIG_IGN) with an empty mask; returns the disposition it replaced.
+fn set_disposition(sig: libc::c_int, handler: usize, flags: libc::c_int) -> libc::sigaction {
+    // SAFETY: zeroed sigactions are valid; `handler` has the signature `flags` says (the
+    // callers pass SIG_DFL, SIG_IGN or an SA_SIGINFO handler of this file).
+    unsafe {
+        let mut sa: libc::sigaction = core::mem::zeroed();
+        sa.sa_sigaction = handler;
+        sa.sa_flags = flags;
+        libc::sigemptyset(&mut sa.sa_mask);
+        let mut old: libc::sigaction = core::mem::zeroed();
+        assert_eq!(libc::sigaction(sig, &sa, &mut old), 0);
+        old
+    }
+}
+
 /// What the child process does, chosen by the parent through this variable.
 const CHILD: &str = "ROCE_MR_UNMAPPED_CHILD";
 
@@ -176,17 +205,11 @@ extern "C" fn earlier_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut l
 fn a_fault_outside_region_access_reaches_the_earlier_handler() {
     match std::env::var(CHILD).as_deref() {
         Ok("earlier") => {
-            // SAFETY: a zeroed sigaction with an SA_SIGINFO handler of that signature.
-            unsafe {
-                let mut sa: libc::sigaction = core::mem::zeroed();
-                sa.sa_sigaction = earlier_handler as *const () as usize;
-                sa.sa_flags = libc::SA_SIGINFO;
-                libc::sigemptyset(&mut sa.sa_mask);
-                assert_eq!(
-                    libc::sigaction(libc::SIGSEGV, &sa, core::ptr::null_mut()),
-                    0
-                );
-            }
+            set_disposition(
+                libc::SIGSEGV,
+                earlier_handler as *const () as usize,
+                libc::SA_SIGINFO,
+            );
             register_then_fault()
         }
         Ok(_) => return,
@@ -209,14 +232,9 @@ fn a_sent_sigsegv_is_not_swallowed() {
             let _key = register(&table, pd, p, PAGE);
             // With the default disposition before ours, a SIGSEGV sent (not raised by a
             // fault) must still terminate the process.
-            // SAFETY: restoring the default first, so Rust's own stack-overflow handler is not
-            // what the test exercises; raise is plain libc.
-            unsafe {
-                let mut dfl: libc::sigaction = core::mem::zeroed();
-                dfl.sa_sigaction = libc::SIG_DFL;
-                libc::sigemptyset(&mut dfl.sa_mask);
-                libc::sigaction(libc::SIGSEGV, &dfl, core::ptr::null_mut());
-            }
+            // The default first, so Rust's own stack-overflow handler is not what the test
+            // exercises.
+            set_disposition(libc::SIGSEGV, libc::SIG_DFL, 0);
             let _key2 = register(&table, pd, p, PAGE);
             // SAFETY: plain libc call.
             unsafe { libc::raise(libc::SIGSEGV) };
@@ -258,24 +276,10 @@ extern "C" fn chaining_handler(
 
 /// Installs `handler` (SA_SIGINFO) for SIGSEGV, saving the disposition it replaces in SAVED.
 fn install_over(handler: usize) {
-    // SAFETY: installing a handler of the SA_SIGINFO signature, saving the current one first
-    // into SAVED (the child is single-threaded here).
-    unsafe {
-        let mut sa: libc::sigaction = core::mem::zeroed();
-        sa.sa_sigaction = handler;
-        sa.sa_flags = libc::SA_SIGINFO;
-        libc::sigemptyset(&mut sa.sa_mask);
-        let mut old: libc::sigaction = core::mem::zeroed();
-        assert_eq!(
-            libc::sigaction(libc::SIGSEGV, core::ptr::null(), &mut old),
-            0
-        );
-        (*core::ptr::addr_of_mut!(SAVED)).write(old);
-        assert_eq!(
-            libc::sigaction(libc::SIGSEGV, &sa, core::ptr::null_mut()),
-            0
-        );
-    }
+    let old = set_disposition(libc::SIGSEGV, handler, libc::SA_SIGINFO);
+    // SAFETY: the child is single-threaded here; the handlers read SAVED only after a fault
+    // that comes later.
+    unsafe { (*core::ptr::addr_of_mut!(SAVED)).write(old) };
 }
 
 /// Like UCX's error handler: puts back the handler it replaced, then raises the signal again
@@ -360,13 +364,8 @@ fn handlers_installed_after_ours_neither_hide_our_faults_nor_loop() {
 fn a_sent_signal_that_was_ignored_stays_ignored() {
     match std::env::var(CHILD).as_deref() {
         Ok("ignored") => {
-            // SAFETY: setting SIGBUS to ignored before our handler goes on top of it.
-            unsafe {
-                let mut ign: libc::sigaction = core::mem::zeroed();
-                ign.sa_sigaction = libc::SIG_IGN;
-                libc::sigemptyset(&mut ign.sa_mask);
-                libc::sigaction(libc::SIGBUS, &ign, core::ptr::null_mut());
-            }
+            // Ignored before our handler goes on top of it.
+            set_disposition(libc::SIGBUS, libc::SIG_IGN, 0);
             let table = MrTable::new(8, 1);
             let pd = table.alloc_pd();
             let p = map(PAGE);

@@ -455,18 +455,7 @@ mod tests {
         // SAFETY: a live QP of the test.
         let nb = unsafe { (*qb).qp_num };
         const LEN: usize = 8192;
-        // SAFETY: a fresh private anonymous mapping.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
+        let p = crate::qp::harness::map_anonymous(LEN);
         let lw = crate::sys::ibv_access_flags_IBV_ACCESS_LOCAL_WRITE as c_int;
         // SAFETY: the harness's PD over the test's mapping.
         let mr = unsafe { crate::mr::ibv_reg_mr(b.pd, p, LEN, lw) };
@@ -479,11 +468,8 @@ mod tests {
             lkey: roce_transport::LKey::new(lkey),
         };
         assert_eq!(post_recv_one(qb, 9, posted), 0);
-        // SAFETY: the second page is the posted buffer; only the library refers to it.
-        assert_eq!(
-            unsafe { libc::munmap(p.cast::<u8>().add(4096).cast(), 4096) },
-            0
-        );
+        // The second page is the posted buffer; only the library refers to it.
+        crate::qp::harness::revoke(p.cast::<u8>().wrapping_add(4096).cast(), 4096);
         let before = roce_transport::unmapped_accesses();
 
         let mut attr = a.ah_attr_to(&b);
@@ -502,7 +488,7 @@ mod tests {
         unsafe {
             assert_eq!(ibv_destroy_ah(ah), 0);
             assert_eq!(crate::mr::ibv_dereg_mr(mr), 0);
-            assert_eq!(libc::munmap(p, 4096), 0);
+            assert_eq!(libc::munmap(p, LEN), 0);
         }
     }
 

@@ -1270,6 +1270,43 @@ pub(crate) mod harness {
         (a, b, qa, qb)
     }
 
+    /// A fresh private anonymous mapping of `len` bytes (memory a test can unmap under a
+    /// registration).
+    pub(crate) fn map_anonymous(len: usize) -> *mut std::ffi::c_void {
+        // SAFETY: a new mapping; no existing memory is touched.
+        let p = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "mmap");
+        p
+    }
+
+    /// Takes `p .. p + len` away as `munmap` would, keeping the addresses reserved (an
+    /// inaccessible mapping in their place) so that no other thread's mapping lands there
+    /// while the test runs.
+    pub(crate) fn revoke(p: *mut std::ffi::c_void, len: usize) {
+        // SAFETY: the range is (part of) a test's own mapping that only the library refers
+        // to; MAP_FIXED replaces exactly that range.
+        let q = unsafe {
+            libc::mmap(
+                p,
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(q, p, "mmap PROT_NONE over the range");
+    }
+
     /// Posts one send WR through `ibv_context_ops.post_send`.
     pub(crate) fn post(qp: *mut ibv_qp, wr: &mut ibv_send_wr) -> (c_int, *mut ibv_send_wr) {
         let mut bad = ptr::null_mut();
@@ -1342,24 +1379,13 @@ mod tests {
             | crate::sys::ibv_access_flags_IBV_ACCESS_REMOTE_ATOMIC) as c_int;
         for atomic in [false, true] {
             let (a, b, qa, _qb) = connected(QPT_RC);
-            // SAFETY: a fresh private anonymous mapping.
-            let p = unsafe {
-                libc::mmap(
-                    ptr::null_mut(),
-                    LEN,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert_ne!(p, libc::MAP_FAILED);
+            let p = map_anonymous(LEN);
             // SAFETY: the harness's PD over the test's mapping.
             let mr = unsafe { crate::mr::ibv_reg_mr(b.pd, p, LEN, access) };
             assert!(!mr.is_null());
             // SAFETY: a live MR; then the mapping, which only the library refers to.
             let rkey = unsafe { (*mr).rkey };
-            assert_eq!(unsafe { libc::munmap(p, LEN) }, 0);
+            revoke(p, LEN);
             let before = roce_transport::unmapped_accesses();
 
             let src = a.mr(64, 0x5A);
